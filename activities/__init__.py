@@ -1,0 +1,1 @@
+"""Everything that touches the world: model providers, tools, sandboxes, the run store."""

@@ -1,0 +1,1 @@
+"""Model providers selected by the model string: ``openai:``, ``anthropic:``, ``scripted:``."""

@@ -1,0 +1,100 @@
+"""The ``model`` activity (one model turn) and ``run_config`` (defaults resolved at run start).
+
+The workflow passes only a transcript position; this activity reads the
+transcript from the run store, calls the provider, stores the reply at that
+position (first writer wins) and returns a compact ``ModelTurn``. A retry whose
+earlier attempt already stored a reply returns it without calling the model again.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.config import redact
+from activities.models.base import FatalProviderError, RetryableProviderError
+from activities.models.pricing import cost_usd
+from activities.models.registry import split_model
+from activities.runtime import Runtime
+from activities.tools import registry as tools
+from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
+
+MAX_TEXT_IN_HISTORY = 32 * 1024
+
+
+class ModelActivities:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @activity.defn(name="run_config")
+    async def run_config(self, req: RunConfigRequest) -> RunConfig:
+        """Resolve the run's model and tool list against this worker's configuration."""
+        model = req.model or self._rt.settings.model
+        try:
+            split_model(model)
+        except FatalProviderError as exc:
+            raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
+        known = sorted(tools.registered())
+        if req.tools is None:
+            return RunConfig(model=model, tools=known)
+        unknown = sorted(set(req.tools) - set(known))
+        if unknown:
+            raise ApplicationError(
+                f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
+            )
+        return RunConfig(model=model, tools=list(dict.fromkeys(req.tools)))
+
+    @activity.defn(name="model")
+    async def model(self, req: ModelRequest) -> ModelTurn:
+        store = self._rt.store
+        for entry in req.append:
+            await store.put_message(req.conversation_id, entry.seq, entry.message)
+
+        stored = await store.get_message(req.conversation_id, req.transcript_len)
+        if stored is None:
+            transcript = [m.message for m in await store.messages(req.conversation_id, req.transcript_len)]
+            reply_message, meta = await self._call_provider(req, transcript)
+            stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
+        return self._turn(req, stored.message, stored.meta)
+
+    async def _call_provider(self, req: ModelRequest, transcript: list[Message]) -> tuple[Message, dict[str, object]]:
+        provider_name, model_name = split_model(req.model)
+        specs = tools.registered()
+        definitions = [specs[name].definition() for name in req.tools if name in specs]
+        secrets = self._rt.settings.secret_values()
+        try:
+            reply = await self._rt.providers.get(provider_name).complete(model_name, transcript, definitions)
+        except RetryableProviderError as exc:
+            delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s is not None else None
+            raise ApplicationError(
+                redact(exc.message, secrets), type="ModelUnavailable", next_retry_delay=delay
+            ) from None
+        except FatalProviderError as exc:
+            raise ApplicationError(redact(exc.message, secrets), type="ModelRejected", non_retryable=True) from None
+        message = Message(role="assistant", content=reply.text, tool_calls=reply.tool_calls)
+        usage = Usage(
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            cost_usd=cost_usd(req.model, reply.input_tokens, reply.output_tokens, self._rt.settings.prices_file),
+        )
+        meta: dict[str, object] = {
+            "usage": usage.model_dump(),
+            "finish_reason": reply.finish_reason,
+            "response_id": reply.response_id,
+        }
+        return message, meta
+
+    def _turn(self, req: ModelRequest, message: Message, meta: dict[str, object]) -> ModelTurn:
+        text = message.content
+        return ModelTurn(
+            text=text[:MAX_TEXT_IN_HISTORY],
+            text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
+            tool_calls=[tools.validate_call(call, req.tools) for call in message.tool_calls],
+            usage=Usage.model_validate(meta.get("usage", {})),
+            finish_reason=str(meta.get("finish_reason", "")),
+            response_id=str(meta.get("response_id", "")),
+            model=req.model,
+            message_seq=req.transcript_len,
+        )

@@ -1,0 +1,149 @@
+"""OpenAI-compatible Chat Completions provider (OpenAI, Ollama, vLLM, llama.cpp, ...).
+
+One non-streaming ``POST {base_url}/chat/completions`` per turn. Tool-call
+arguments travel as the raw string the model produced, in both directions, so
+the transcript records exactly what the model said. Errors: see ``http_errors``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Self
+
+import httpx
+from pydantic import SecretStr
+
+from activities.models.base import ProviderReply
+from activities.models.http_errors import as_int, missing, post_json
+from workflows.types import Message, RecordedToolCall
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+PROVIDER = "openai"
+
+
+class OpenAIProvider:
+    """``ModelProvider`` over an OpenAI-compatible server.
+
+    ``Authorization: Bearer`` is sent only when a key is configured: local
+    servers need none. One ``httpx.AsyncClient`` per instance; call ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: SecretStr | None = None,
+        *,
+        timeout_s: float = 120.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._api_key = api_key
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), transport=transport)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _secrets(self) -> list[str]:
+        key = self._api_key.get_secret_value() if self._api_key is not None else ""
+        return [key] if key else []
+
+    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
+        """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix)."""
+        secrets = self._secrets()
+        headers = {"Authorization": f"Bearer {secrets[0]}"} if secrets else {}
+        body: dict[str, Any] = {"model": model, "messages": [render_message(m) for m in messages]}
+        if tools:
+            body["tools"] = [render_tool(t) for t in tools]
+        data = await post_json(
+            self._client, PROVIDER, f"{self.base_url}/chat/completions", headers=headers, body=body, secrets=secrets
+        )
+        return parse_reply(data, secrets)
+
+
+def render_message(message: Message) -> dict[str, Any]:
+    """A transcript message in Chat Completions form."""
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.role == "assistant" and message.tool_calls:
+        return {
+            "role": "assistant",
+            "content": message.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+                for c in message.tool_calls
+            ],
+        }
+    return {"role": message.role, "content": message.content}
+
+
+def render_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A provider-neutral tool definition as a Chat Completions function tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool["name"],
+            "description": tool.get("description", ""),
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        },
+    }
+
+
+def parse_reply(data: dict[str, Any], secrets: list[str]) -> ProviderReply:
+    """``ProviderReply`` from a chat.completion object; raises ``malformed`` if it has no usable choice."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise missing(PROVIDER, data, "choices", secrets)
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise missing(PROVIDER, data, "choices[0].message", secrets)
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise missing(PROVIDER, data, "tool_calls list", secrets)
+    calls = []
+    for index, raw in enumerate(raw_calls):
+        function = raw.get("function") if isinstance(raw, dict) else None
+        if not isinstance(function, dict):
+            raise missing(PROVIDER, data, f"tool_calls[{index}].function", secrets)
+        calls.append(parse_tool_call(raw, function, index))
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    return ProviderReply(
+        text=content_text(message.get("content")),
+        tool_calls=calls,
+        input_tokens=as_int(usage.get("prompt_tokens")),
+        output_tokens=as_int(usage.get("completion_tokens")),
+        finish_reason=str(choices[0].get("finish_reason") or ""),
+        response_id=str(data.get("id") or ""),
+    )
+
+
+def parse_tool_call(raw: dict[str, Any], function: dict[str, Any], index: int) -> RecordedToolCall:
+    """Keeps ``arguments`` verbatim; some servers send an object instead of a string, so it is re-encoded."""
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments_json = "{}"  # a server that omits arguments means "no arguments"
+    elif isinstance(arguments, str):
+        arguments_json = arguments
+    else:
+        arguments_json = json.dumps(arguments)
+    # Local servers sometimes omit ids; a position-based one keeps replays deterministic.
+    call_id = raw.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        call_id = f"call_{index}"
+    return RecordedToolCall(id=call_id, name=str(function.get("name") or ""), arguments_json=arguments_json)
+
+
+def content_text(content: object) -> str:
+    """Message content as text; accepts the list-of-parts form some compatible servers return."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""

@@ -1,0 +1,97 @@
+"""``scripted:demo`` — an offline, deterministic model for demos and tests.
+
+It reads the transcript like a model would and plays a fixed plan: write a
+Python file and run it in the sandbox, fetch the first URL in the task with an
+HTTP GET (when the task has one), then answer with what it saw. The same
+transcript always yields the same reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from activities.models.base import FatalProviderError, ProviderReply
+from workflows.types import Message, RecordedToolCall
+
+DEMO_SCRIPT = '''\
+import statistics
+
+primes = [n for n in range(2, 60) if all(n % d for d in range(2, int(n ** 0.5) + 1))]
+print(f"primes below 60: {len(primes)}, mean {statistics.mean(primes):.2f}, largest {primes[-1]}")
+'''
+
+_URL = re.compile(r"https?://[^\s'\"<>]+")
+
+
+def _call(turn: int, index: int, name: str, args: dict[str, Any]) -> RecordedToolCall:
+    return RecordedToolCall(id=f"scripted_{turn}_{index}", name=name, arguments_json=json.dumps(args))
+
+
+def _first_line(text: str, prefix: str) -> str:
+    for block in text.split("\n\n"):
+        if block.startswith(prefix):
+            body = block.split("\n", 1)[1] if "\n" in block else ""
+            return body.strip().splitlines()[0] if body.strip() else ""
+    return ""
+
+
+class ScriptedProvider:
+    """Deterministic stand-in for a model; ``scripted:demo`` is the only script."""
+
+    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
+        if model != "demo":
+            raise FatalProviderError(f"scripted: unknown script {model!r} (available: demo)", status=404)
+        task = next((m.content for m in messages if m.role == "user"), "")
+        turn = sum(1 for m in messages if m.role == "assistant")
+        tool_results = [m for m in messages if m.role == "tool"]
+        tokens_in = sum(len(m.content) // 4 for m in messages)
+        available = {t["name"] for t in tools}
+        url = next(iter(_URL.findall(task)), "")
+
+        if turn == 0 and {"write_file", "run_python"} <= available:
+            calls = [
+                _call(turn, 0, "write_file", {"path": "analysis.py", "content": DEMO_SCRIPT}),
+                _call(turn, 1, "run_python", {"code": "exec(open('analysis.py').read())"}),
+            ]
+            return ProviderReply(
+                text="I'll compute a few statistics in the sandbox first.",
+                tool_calls=calls,
+                input_tokens=tokens_in,
+                output_tokens=40,
+                finish_reason="tool_calls",
+                response_id=f"scripted-{turn}",
+            )
+        if turn <= 1 and url and "http_request" in available:
+            return ProviderReply(
+                text=f"Now I'll fetch {url}.",
+                tool_calls=[_call(turn, 0, "http_request", {"method": "GET", "url": url})],
+                input_tokens=tokens_in,
+                output_tokens=20,
+                finish_reason="tool_calls",
+                response_id=f"scripted-{turn}",
+            )
+        return ProviderReply(
+            text=self._summary(tool_results),
+            input_tokens=tokens_in,
+            output_tokens=60,
+            finish_reason="stop",
+            response_id=f"scripted-{turn}",
+        )
+
+    @staticmethod
+    def _summary(results: list[Message]) -> str:
+        lines = ["Done. Here is what I found:"]
+        for result in results:
+            if result.name == "run_python":
+                lines.append(f"- sandboxed Python said: {_first_line(result.content, 'stdout:') or '(no output)'}")
+            elif result.name == "http_request":
+                status = result.content.splitlines()[0] if result.content else "(no response)"
+                body = result.content.split("\n\n", 1)[1].strip() if "\n\n" in result.content else ""
+                lines.append(f"- the HTTP GET returned {status}: {body[:200]}")
+            elif result.is_error:
+                lines.append(f"- {result.name} failed: {result.content[:200]}")
+        if len(lines) == 1:
+            lines.append("- no tools were needed")
+        return "\n".join(lines)

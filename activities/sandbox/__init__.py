@@ -1,0 +1,1 @@
+"""Sandboxes for model-generated code: one per run, never the worker's process."""

@@ -1,0 +1,37 @@
+"""``sandbox_create`` / ``sandbox_kill``: the run's sandbox lifecycle, driven by the workflow."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.runtime import Runtime
+from activities.sandbox.base import SandboxUnavailable
+from workflows.types import SandboxRef, SandboxRequest
+
+
+class SandboxActivities:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @activity.defn(name="sandbox_create")
+    async def sandbox_create(self, req: SandboxRequest) -> SandboxRef:
+        """Create the run's sandbox (idempotent on ``sandbox_id``)."""
+        try:
+            backend = self._rt.sandbox_backend()
+            sandbox = await backend.create(
+                req.sandbox_id, metadata={"conversation_id": req.conversation_id, "tenant": req.tenant}
+            )
+        except SandboxUnavailable as exc:
+            # Fail closed and tell the run why; retrying cannot install bubblewrap.
+            raise ApplicationError(str(exc), type="SandboxUnavailable", non_retryable=True) from None
+        return SandboxRef(sandbox_id=sandbox.sandbox_id, backend=backend.name)
+
+    @activity.defn(name="sandbox_kill")
+    async def sandbox_kill(self, req: SandboxRequest) -> None:
+        try:
+            sandbox = await self._rt.sandbox_backend().connect(req.sandbox_id)
+        except Exception:  # already gone: killing is idempotent
+            activity.logger.info("sandbox %s already gone", req.sandbox_id)
+            return
+        await sandbox.kill()

@@ -1,0 +1,1 @@
+"""Tools the model can call: the registry, the built-ins and their activities."""

@@ -1,0 +1,157 @@
+"""The tool registry: a tool is an async function with a pydantic argument model.
+
+``@tool(...)`` registers it; the registry gives the model its JSON schema, gives
+the workflow its execution settings (via ``ToolCall``), and validates raw model
+arguments in trusted code before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from activities.config import Settings
+from workflows.types import RecordedToolCall, ToolCall, ToolInvocation
+
+MAX_ARGUMENTS_BYTES = 64 * 1024
+
+
+class ToolError(Exception):
+    """A failure the model should read and can react to (not retried)."""
+
+
+@dataclass
+class ToolContext:
+    invocation: ToolInvocation
+    settings: Settings
+    sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
+
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+ToolFn = Callable[[Any, ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    fn: ToolFn
+    side_effect: bool = False
+    uses_sandbox: bool = False
+    timeout_s: int = 60
+    max_attempts: int = 3
+    heartbeat_s: int = 0
+
+    def json_schema(self) -> dict[str, Any]:
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def definition(self) -> dict[str, Any]:
+        """Provider-neutral definition: name, description, JSON schema of the arguments."""
+        return {"name": self.name, "description": self.description, "parameters": self.json_schema()}
+
+
+_REGISTRY: dict[str, ToolSpec] = {}
+
+
+def tool(
+    name: str,
+    *,
+    description: str,
+    args: type[BaseModel],
+    side_effect: bool = False,
+    uses_sandbox: bool = False,
+    timeout_s: int = 60,
+    max_attempts: int = 3,
+    heartbeat_s: int = 0,
+) -> Callable[[ToolFn], ToolFn]:
+    """Register ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model."""
+
+    def register(fn: ToolFn) -> ToolFn:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"tool {name!r} is already registered")
+        _REGISTRY[name] = ToolSpec(
+            name=name,
+            description=description,
+            args_model=args,
+            fn=fn,
+            side_effect=side_effect,
+            uses_sandbox=uses_sandbox,
+            timeout_s=timeout_s,
+            max_attempts=max_attempts,
+            heartbeat_s=heartbeat_s,
+        )
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, ToolSpec]:
+    """All registered tools by name (importing the built-ins first)."""
+    import activities.tools.builtins  # noqa: F401  (registers on import)
+
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> ToolSpec | None:
+    return registered().get(name)
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"]) or "(arguments)"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def validate_call(raw: RecordedToolCall, enabled: list[str]) -> ToolCall:
+    """Turn a raw model tool call into a ``ToolCall``; problems become ``error`` text for the model."""
+    spec = registered().get(raw.name)
+    if spec is None or raw.name not in enabled:
+        return ToolCall(
+            id=raw.id,
+            name=raw.name,
+            error=f"Error: unknown tool {raw.name!r}. Available tools: {', '.join(sorted(enabled)) or 'none'}.",
+        )
+    settings = {
+        "side_effect": spec.side_effect,
+        "uses_sandbox": spec.uses_sandbox,
+        "timeout_s": spec.timeout_s,
+        "max_attempts": spec.max_attempts,
+        "heartbeat_s": spec.heartbeat_s,
+    }
+    if len(raw.arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
+        return ToolCall(
+            id=raw.id,
+            name=raw.name,
+            error=f"Error: arguments for {raw.name} are {len(raw.arguments_json.encode())} bytes; "
+            f"the limit is {MAX_ARGUMENTS_BYTES}. Split the work into smaller calls.",
+            **settings,
+        )
+    try:
+        parsed = json.loads(raw.arguments_json or "{}")
+    except json.JSONDecodeError as exc:
+        return ToolCall(
+            id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} are not valid JSON ({exc}).", **settings
+        )
+    if not isinstance(parsed, dict):
+        return ToolCall(
+            id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} must be a JSON object.", **settings
+        )
+    try:
+        model = spec.args_model.model_validate(parsed)
+    except ValidationError as exc:
+        return ToolCall(
+            id=raw.id,
+            name=raw.name,
+            error=f"Error: invalid arguments for {raw.name}: {_format_validation_error(exc)}",
+            **settings,
+        )
+    return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **settings)

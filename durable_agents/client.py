@@ -1,0 +1,43 @@
+"""Connect to Temporal the same way from the worker, the starter and tests.
+
+Connection settings come from ``temporalio.envconfig`` (profiles in
+``temporal.toml`` and the standard ``TEMPORAL_*`` variables, so Temporal Cloud's
+TLS and API keys work unchanged), with ``TEMPORAL_ADDRESS`` /
+``TEMPORAL_NAMESPACE`` defaulting to ``localhost:7233`` / ``default``. Payloads
+use the pydantic data converter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from temporalio.client import Client, Interceptor
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfigProfile
+
+
+class TemporalUnavailable(Exception):
+    """No Temporal server answered at the configured address."""
+
+
+def connect_config() -> dict[str, Any]:
+    profile = ClientConfigProfile.load(profile=os.environ.get("TEMPORAL_PROFILE") or None)
+    config: dict[str, Any] = dict(profile.to_client_connect_config())
+    config.setdefault("target_host", os.environ.get("TEMPORAL_ADDRESS") or "localhost:7233")
+    config.setdefault("namespace", os.environ.get("TEMPORAL_NAMESPACE") or "default")
+    return config
+
+
+async def connect(*, interceptors: list[Interceptor] | None = None) -> Client:
+    """A client with the project's data converter; ``TemporalUnavailable`` when no server answers."""
+    config = connect_config()
+    try:
+        return await Client.connect(
+            data_converter=pydantic_data_converter, interceptors=interceptors or [], **config
+        )
+    except RuntimeError as exc:
+        raise TemporalUnavailable(
+            f"cannot reach Temporal at {config['target_host']} (namespace {config['namespace']}): "
+            f"{str(exc).splitlines()[0][:200]}. Start one with `make server` or set TEMPORAL_ADDRESS."
+        ) from None

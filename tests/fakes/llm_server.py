@@ -1,0 +1,258 @@
+"""A real HTTP server on 127.0.0.1 that speaks the OpenAI Chat Completions and
+Anthropic Messages wire formats, for tests and benchmarks.
+
+Replies are scripted: ``enqueue`` adds ``Scripted`` replies (FIFO); when the
+queue is empty, ``default`` answers (a ``Scripted``, or a callable given the
+parsed request body). Every request is recorded in ``requests``.
+
+    with FakeLLMServer() as server:
+        server.enqueue(Scripted(tool_calls=[("echo", '{"text": "hi"}')]), Scripted(text="done"))
+        provider = OpenAIProvider(server.openai_url, None)
+
+Routes: ``POST /v1/chat/completions`` (OpenAI) and ``POST /v1/messages``
+(Anthropic); anything else is a 404 that consumes no scripted reply.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+@dataclass
+class Scripted:
+    """One scripted reply.
+
+    ``tool_calls`` are ``(tool name, raw arguments string)``; the string may be
+    invalid JSON (OpenAI format sends it verbatim; Anthropic, which can only send
+    objects, gets ``{"_raw": raw}`` unless it decodes to an object). A non-200
+    ``status`` renders a provider-style error body with ``text`` as its message.
+    ``raw_body`` replaces the rendered body verbatim. ``headers`` are always sent.
+    """
+
+    text: str = ""
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    raw_body: str | None = None
+    input_tokens: int = 10
+    output_tokens: int = 5
+
+
+Default = Scripted | Callable[[dict[str, Any]], Scripted]
+
+
+class FakeLLMServer:
+    """Scripted LLM server on an ephemeral 127.0.0.1 port; thread-safe."""
+
+    def __init__(self, default: Default | None = None) -> None:
+        self.default: Default = default if default is not None else Scripted(text="done")
+        self.requests: list[dict[str, Any]] = []
+        self._queue: deque[Scripted] = deque()
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> FakeLLMServer:
+        if self._httpd is not None:
+            return self
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        # A short poll interval keeps stop() (which waits for one poll) from slowing every test down.
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="fake-llm-server", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("FakeLLMServer is not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # --- scripting ------------------------------------------------------------------
+
+    def enqueue(self, *replies: Scripted) -> None:
+        with self._lock:
+            self._queue.extend(replies)
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(entry)
+
+    def _next(self, body: dict[str, Any]) -> Scripted:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+        default = self.default
+        return default if isinstance(default, Scripted) else default(body)
+
+    def _next_id(self) -> int:
+        with self._lock:
+            self._counter += 1
+            return self._counter
+
+    # --- rendering ------------------------------------------------------------------
+
+    def render(self, path: str, body: dict[str, Any], reply: Scripted) -> str:
+        """The response body for ``reply`` in the wire format of ``path``."""
+        if reply.raw_body is not None:
+            return reply.raw_body
+        if reply.status != 200:
+            return _error_body(path, reply.status, reply.text or "error")
+        if path == OPENAI_PATH:
+            return json.dumps(self._openai(body, reply))
+        return json.dumps(self._anthropic(body, reply))
+
+    def _openai(self, body: dict[str, Any], reply: Scripted) -> dict[str, Any]:
+        n = self._next_id()
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.tool_calls:
+            message["content"] = reply.text or None
+            message["tool_calls"] = [
+                {"id": f"call_{self._next_id()}", "type": "function", "function": {"name": name, "arguments": raw}}
+                for name, raw in reply.tool_calls
+            ]
+        return {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": reply.input_tokens,
+                "completion_tokens": reply.output_tokens,
+                "total_tokens": reply.input_tokens + reply.output_tokens,
+            },
+        }
+
+    def _anthropic(self, body: dict[str, Any], reply: Scripted) -> dict[str, Any]:
+        n = self._next_id()
+        content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+        for name, raw in reply.tool_calls:
+            content.append({"type": "tool_use", "id": f"call_{self._next_id()}", "name": name, "input": _as_input(raw)})
+        return {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", ""),
+            "content": content,
+            "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        }
+
+
+def _as_input(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_raw": raw}
+    return value if isinstance(value, dict) else {"_raw": raw}
+
+
+def _error_body(path: str, status: int, message: str) -> str:
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    if path == ANTHROPIC_PATH:
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}})
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
+def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, so benchmarks measure the agent, not TCP setup
+        disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would add ~40 ms
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                body = {"_unparsed": raw.decode("utf-8", "replace")}
+            path = self.path.split("?", 1)[0]
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            server._record({"path": path, "headers": headers, "body": body})
+            if path not in (OPENAI_PATH, ANTHROPIC_PATH):
+                self._send(404, _error_body(path, 404, f"no route for POST {path}"), {})
+                return
+            try:
+                reply = server._next(body if isinstance(body, dict) else {})
+                payload = server.render(path, body if isinstance(body, dict) else {}, reply)
+            except Exception as exc:  # a broken test callable should fail the call, not hang it
+                self._send(500, _error_body(path, 500, f"fake server error: {exc!r}"), {})
+                return
+            self._send(reply.status, payload, reply.headers)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            server._record({"path": path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": {}})
+            self._send(404, _error_body(path, 404, f"no route for GET {path}"), {})
+
+        def _send(self, status: int, payload: str, headers: dict[str, str]) -> None:
+            data = payload.encode("utf-8")
+            self.send_response(status)
+            if not any(k.lower() == "content-type" for k in headers):
+                self.send_header("Content-Type", "application/json")
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler

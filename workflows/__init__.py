@@ -1,0 +1,1 @@
+"""Deterministic workflow code: the agent loop, policy and the data contract."""

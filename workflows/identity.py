@@ -1,0 +1,34 @@
+"""Deterministic identities derived from a call: canonical JSON, idempotency keys, approval ids.
+
+Pure functions of their inputs, so every retry, replay and continue-as-new of a
+run derives exactly the same values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no insignificant whitespace (the hashing form)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(canonical_json(list(parts)).encode()).hexdigest()
+
+
+def idempotency_key(workflow_id: str, step: int, call_index: int, tool: str, arguments: dict[str, Any]) -> str:
+    """``hash(workflow_id, step, call index, tool, canonical args)`` as in DESIGN.md."""
+    return "ik_" + _digest("idem", workflow_id, step, call_index, tool, arguments)[:40]
+
+
+def approval_id(workflow_id: str, step: int, call_id: str, tool: str, arguments: dict[str, Any]) -> str:
+    """An id that can only ever authorize this exact call."""
+    return "ap_" + _digest("approval", workflow_id, step, call_id, tool, arguments)[:16]
+
+
+def sandbox_id_for(conversation_id: str) -> str:
+    return "sbx-" + _digest("sandbox", conversation_id)[:20]

@@ -1,0 +1,217 @@
+"""The data contract shared by the workflow, the activities and the starter.
+
+Every workflow and activity input/output is one of these pydantic models and
+travels through ``temporalio.contrib.pydantic``'s data converter. New fields
+always get defaults so that recorded histories keep decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+RunState = Literal["running", "waiting_approval", "completed", "failed", "cancelled", "limit_exceeded"]
+ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
+
+
+class Limits(BaseModel):
+    """Brakes enforced by the workflow before every model turn."""
+
+    max_steps: int = Field(default=20, ge=1)
+    max_tokens: int = Field(default=200_000, ge=1)
+    max_cost_usd: float = Field(default=5.0, ge=0)
+    timeout_s: int = Field(default=3600, ge=1)
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 8),
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class Carry(BaseModel):
+    """What a run hands to itself across continue-as-new."""
+
+    conversation_id: str
+    step: int
+    transcript_len: int
+    usage: Usage
+    started_at: float  # epoch seconds of the first execution; the deadline is measured from it
+    model: str
+    tools: list[str]
+    sandbox_id: str = ""
+    pending: list[TranscriptEntry] = Field(default_factory=list)  # workflow-made entries not yet stored
+    continued: int = 0
+
+
+class AgentInput(BaseModel):
+    """Workflow input. Only ``task`` is required (public contract)."""
+
+    task: str = Field(min_length=1)
+    model: str = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
+    tools: list[str] | None = None  # None: every registered tool
+    limits: Limits = Field(default_factory=Limits)
+    policy: dict[str, Any] = Field(default_factory=dict)
+    approvers: list[str] = Field(default_factory=list)
+    tenant: str = ""
+    system_prompt: str = ""
+    carry: Carry | None = None  # set only by continue-as-new
+
+
+class AgentResult(BaseModel):
+    status: ResultStatus
+    output: str
+    usage: Usage
+    steps: int
+
+
+class PendingApproval(BaseModel):
+    approval_id: str
+    tool: str
+    args: dict[str, Any]
+    requested_at: str
+    expires_at: str
+
+
+class StatusView(BaseModel):
+    state: RunState
+    step: int
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+    output: str = ""
+    last_event: str = ""
+
+
+# --- transcript -----------------------------------------------------------------
+
+
+class RecordedToolCall(BaseModel):
+    """A tool call exactly as the model emitted it (arguments kept raw)."""
+
+    id: str
+    name: str
+    arguments_json: str
+
+
+class Message(BaseModel):
+    """One transcript entry, provider-neutral. Lives in the run store, not in history."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[RecordedToolCall] = Field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+    is_error: bool = False
+
+
+class TranscriptEntry(BaseModel):
+    seq: int
+    message: Message
+
+
+# --- model activity -------------------------------------------------------------
+
+
+class RunConfigRequest(BaseModel):
+    model: str = ""
+    tools: list[str] | None = None
+
+
+class RunConfig(BaseModel):
+    """Worker-side defaults resolved once at run start and recorded in history."""
+
+    model: str
+    tools: list[str]
+
+
+class ModelRequest(BaseModel):
+    conversation_id: str
+    model: str
+    turn: int
+    transcript_len: int  # entries [0, transcript_len) form the prompt, after ``append``
+    append: list[TranscriptEntry] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+
+
+class ToolCall(BaseModel):
+    """A model tool call after validation in trusted code.
+
+    ``error`` is set when the call cannot run (bad JSON, unknown tool, schema
+    violation); the workflow then answers the model with it instead of running.
+    The execution settings come from the tool registry so that the workflow,
+    which cannot import tool code, still schedules each tool with its own options.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    error: str = ""
+    side_effect: bool = False
+    uses_sandbox: bool = False
+    timeout_s: int = 60
+    max_attempts: int = 3
+    heartbeat_s: int = 0
+
+
+class ModelTurn(BaseModel):
+    text: str = ""
+    text_truncated: bool = False
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str = ""
+    response_id: str = ""
+    model: str = ""
+    message_seq: int = 0
+
+
+# --- tool activities ------------------------------------------------------------
+
+
+class ToolInvocation(BaseModel):
+    conversation_id: str
+    workflow_id: str
+    step: int
+    call_id: str
+    call_index: int
+    seq: int  # where the tool's result goes in the transcript
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    sandbox_id: str = ""
+    tenant: str = ""
+
+
+class ToolOutcome(BaseModel):
+    """What history keeps of a tool result: a preview; the full text is in the store."""
+
+    ok: bool
+    preview: str
+    size_bytes: int
+    truncated: bool = False
+
+
+class SandboxRequest(BaseModel):
+    sandbox_id: str
+    conversation_id: str = ""
+    tenant: str = ""
+
+
+class SandboxRef(BaseModel):
+    sandbox_id: str
+    backend: str
+
+
+Carry.model_rebuild()
