@@ -37,7 +37,9 @@ async def connect(*, interceptors: list[Interceptor] | None = None) -> Client:
             data_converter=pydantic_data_converter, interceptors=interceptors or [], **config
         )
     except RuntimeError as exc:
+        text = str(exc)
+        reason = "connection refused" if "ConnectionRefused" in text else text.splitlines()[0][:160]
         raise TemporalUnavailable(
-            f"cannot reach Temporal at {config['target_host']} (namespace {config['namespace']}): "
-            f"{str(exc).splitlines()[0][:200]}. Start one with `make server` or set TEMPORAL_ADDRESS."
+            f"cannot reach Temporal at {config['target_host']} (namespace {config['namespace']}): {reason}. "
+            "Start one with `make server` or set TEMPORAL_ADDRESS."
         ) from None

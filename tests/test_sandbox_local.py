@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import socket
 import time
@@ -24,7 +23,13 @@ PY = "/usr/bin/python3"
 
 def require_bwrap() -> None:
     if shutil.which("bwrap") is None:
-        pytest.fail("bubblewrap (bwrap) is required for the sandbox tests: install it with `apt-get install bubblewrap`")
+        pytest.fail(
+            "bubblewrap (bwrap) is required for the sandbox tests: install it with `apt-get install bubblewrap`"
+        )
+
+
+def host_exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 @pytest.fixture
@@ -50,8 +55,8 @@ def listener() -> Iterator[socket.socket]:
     sock.close()
 
 
-async def py(box: LocalSandbox, code: str, **kwargs: float) -> tuple[int, str, str]:
-    result = await box.run([PY, "-c", code], **kwargs)  # type: ignore[arg-type]
+async def py(box: LocalSandbox, code: str) -> tuple[int, str, str]:
+    result = await box.run([PY, "-c", code])
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -155,7 +160,7 @@ async def test_host_filesystem_is_out_of_reach(sandbox: LocalSandbox, tmp_path: 
     assert "WROTE" not in out and out.count("denied") == 4
     assert "exists" not in out and out.count("absent") == 5
     assert "['alternatives', 'ld.so.cache']" in out or "['ld.so.cache']" in out
-    assert not Path("/etc/evil").exists() and not Path("/usr/evil").exists()
+    assert not host_exists("/etc/evil") and not host_exists("/usr/evil")
 
 
 @pytest.mark.asyncio
@@ -172,7 +177,9 @@ async def test_timeout_kills_the_process_group(sandbox: LocalSandbox) -> None:
 
 @pytest.mark.asyncio
 async def test_output_is_capped(sandbox: LocalSandbox) -> None:
-    result = await sandbox.run([PY, "-c", "import sys; sys.stdout.write('x' * 10_000_000); print('err', file=sys.stderr)"])
+    result = await sandbox.run(
+        [PY, "-c", "import sys; sys.stdout.write('x' * 10_000_000); print('err', file=sys.stderr)"]
+    )
     assert result.exit_code == 0
     assert result.truncated and len(result.stdout) == 64 * 1024
     assert result.stderr == "err\n"
@@ -183,6 +190,15 @@ async def test_output_is_capped(sandbox: LocalSandbox) -> None:
 async def test_memory_limit(sandbox: LocalSandbox) -> None:
     code, _, err = await py(sandbox, "b = bytearray(4 * 1024 ** 3)\nprint('allocated')")
     assert code != 0 and "MemoryError" in err
+
+
+@pytest.mark.asyncio
+async def test_cpu_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    box = await LocalSandboxBackend(tmp_path / "s", LocalLimits(cpu_s=1)).create("cpu", metadata={})
+    result = await box.run([PY, "-c", "while True: pass"], timeout_s=10)
+    assert not result.timed_out and result.exit_code == 128 + 24  # SIGXCPU
+    assert "CPU time limit of 1 s exceeded" in result.stderr
 
 
 @pytest.mark.asyncio
@@ -203,13 +219,17 @@ async def test_path_escapes_are_refused(sandbox: LocalSandbox, tmp_path: Path) -
             await sandbox.write_file(bad, b"x")
         with pytest.raises(SandboxError):
             await sandbox.read_file(bad)
-    await sandbox.run(["/bin/sh", "-c", "ln -s /etc etc_link; ln -s /etc/passwd pw; ln -s .. up"])
+    await sandbox.run(
+        ["/bin/sh", "-c", "ln -s /etc etc_link; ln -s /etc/passwd pw; ln -s .. up; ln -s l2 l1; ln -s l1 l2"]
+    )
+    with pytest.raises(SandboxError):
+        await sandbox.read_file("l1/x")
     for bad in ("etc_link/passwd", "pw", "up/x", "etc_link/evil"):
         with pytest.raises(SandboxError, match="escapes the workspace"):
             await sandbox.read_file(bad)
         with pytest.raises(SandboxError, match="escapes the workspace"):
             await sandbox.write_file(bad, b"x")
-    assert not Path("/etc/evil").exists()
+    assert not host_exists("/etc/evil")
     # inside paths, including /workspace/... and in-workspace symlinks, are fine
     await sandbox.write_file("/workspace/dir/ok.txt", b"fine")
     await sandbox.run(["/bin/ln", "-s", "dir/ok.txt", "inner_link"])

@@ -29,12 +29,11 @@ def _call(turn: int, index: int, name: str, args: dict[str, Any]) -> RecordedToo
     return RecordedToolCall(id=f"scripted_{turn}_{index}", name=name, arguments_json=json.dumps(args))
 
 
-def _first_line(text: str, prefix: str) -> str:
-    for block in text.split("\n\n"):
-        if block.startswith(prefix):
-            body = block.split("\n", 1)[1] if "\n" in block else ""
-            return body.strip().splitlines()[0] if body.strip() else ""
-    return ""
+def _stdout_first_line(result: str) -> str:
+    """First stdout line of a rendered sandbox result (``exit_code: …\\nstdout:\\n…``)."""
+    _, found, rest = result.partition("stdout:\n")
+    lines = rest.strip().splitlines()
+    return lines[0] if found and lines else ""
 
 
 class ScriptedProvider:
@@ -48,7 +47,7 @@ class ScriptedProvider:
         tool_results = [m for m in messages if m.role == "tool"]
         tokens_in = sum(len(m.content) // 4 for m in messages)
         available = {t["name"] for t in tools}
-        url = next(iter(_URL.findall(task)), "")
+        url = next(iter(_URL.findall(task)), "").rstrip(".,;:!?)")
 
         if turn == 0 and {"write_file", "run_python"} <= available:
             calls = [
@@ -85,7 +84,7 @@ class ScriptedProvider:
         lines = ["Done. Here is what I found:"]
         for result in results:
             if result.name == "run_python":
-                lines.append(f"- sandboxed Python said: {_first_line(result.content, 'stdout:') or '(no output)'}")
+                lines.append(f"- sandboxed Python said: {_stdout_first_line(result.content) or '(no output)'}")
             elif result.name == "http_request":
                 status = result.content.splitlines()[0] if result.content else "(no response)"
                 body = result.content.split("\n\n", 1)[1].strip() if "\n\n" in result.content else ""

@@ -189,7 +189,10 @@ def _relative(path: str, *, allow_root: bool = False) -> PurePosixPath:
 def _inside(workspace: Path, rel: PurePosixPath, original: str) -> Path:
     """Resolve ``rel`` (following symlinks) and refuse anything that lands outside ``workspace``."""
     root = workspace.resolve()
-    full = (root / rel).resolve()
+    try:
+        full = (root / rel).resolve()
+    except (RuntimeError, OSError) as exc:  # 3.11 raises RuntimeError for symlink loops
+        raise SandboxError(f"cannot resolve path {original!r}: {exc}") from None
     if not full.is_relative_to(root):
         raise SandboxError(f"path {original!r} escapes the workspace (via '..' or a symlink); access refused")
     return full
@@ -267,10 +270,10 @@ class LocalSandbox:
         self._check_alive()
         chdir = WORKSPACE
         if cwd:
-            rel = _relative(cwd, allow_root=True)
-            if not _inside(self.workspace, rel, cwd).is_dir():
+            target = _inside(self.workspace, _relative(cwd, allow_root=True), cwd)
+            if not target.is_dir():
                 raise SandboxError(f"cwd {cwd!r} is not a directory in the workspace")
-            chdir = str(PurePosixPath(WORKSPACE) / rel)
+            chdir = str(PurePosixPath(WORKSPACE) / target.relative_to(self.workspace.resolve()))
         limits = self._backend.limits
         cmd = [bwrap, *_isolation_args(limits), "--bind", str(self.workspace.resolve()), WORKSPACE]
         cmd += ["--remount-ro", "/", "--chdir", chdir, "--clearenv"]
@@ -318,15 +321,26 @@ class LocalSandbox:
                     task.cancel()
                 await asyncio.shield(proc.wait())
             running.discard(proc)
+            if not running and self._backend.running.get(self.sandbox_id) is running:
+                del self._backend.running[self.sandbox_id]
         exit_code = -signal.SIGKILL if timed_out else (proc.returncode if proc.returncode is not None else -1)
         return CommandResult(
             exit_code=exit_code,
             stdout=out.text(),
-            stderr=err.text(),
+            stderr=err.text() + self._limit_note(exit_code),
             timed_out=timed_out,
             truncated=out.truncated or err.truncated,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    def _limit_note(self, exit_code: int) -> str:
+        """Say which rlimit killed the command (bwrap reports a signalled command as 128 + signal)."""
+        limits = self._backend.limits
+        if exit_code == 128 + signal.SIGXCPU:
+            return f"\n[sandbox] killed: CPU time limit of {limits.cpu_s} s exceeded"
+        if exit_code == 128 + signal.SIGXFSZ:
+            return f"\n[sandbox] killed: file size limit of {limits.fsize_mb} MiB exceeded"
+        return ""
 
     async def write_file(self, path: str, content: bytes) -> None:
         """Write ``content`` at ``path`` (workspace-relative), creating parent directories."""

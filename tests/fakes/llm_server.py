@@ -49,6 +49,8 @@ class Scripted:
     objects, gets ``{"_raw": raw}`` unless it decodes to an object). A non-200
     ``status`` renders a provider-style error body with ``text`` as its message.
     ``raw_body`` replaces the rendered body verbatim. ``headers`` are always sent.
+    ``delay_s`` makes the server wait that long before answering (a slow model);
+    ``stop()`` cuts the wait short and drops the connection without an answer.
     """
 
     text: str = ""
@@ -58,6 +60,7 @@ class Scripted:
     raw_body: str | None = None
     input_tokens: int = 10
     output_tokens: int = 5
+    delay_s: float = 0.0
 
 
 Default = Scripted | Callable[[dict[str, Any]], Scripted]
@@ -74,12 +77,14 @@ class FakeLLMServer:
         self._counter = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     # --- lifecycle ------------------------------------------------------------------
 
     def start(self) -> FakeLLMServer:
         if self._httpd is not None:
             return self
+        self._stopping.clear()
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         httpd.daemon_threads = True
         self._httpd = httpd
@@ -94,6 +99,7 @@ class FakeLLMServer:
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
+        self._stopping.set()  # wakes handlers sleeping on a reply's delay_s
         httpd.shutdown()
         httpd.server_close()
         if self._thread is not None:
@@ -236,6 +242,9 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 payload = server.render(path, body if isinstance(body, dict) else {}, reply)
             except Exception as exc:  # a broken test callable should fail the call, not hang it
                 self._send(500, _error_body(path, 500, f"fake server error: {exc!r}"), {})
+                return
+            if reply.delay_s > 0 and server._stopping.wait(reply.delay_s):
+                self.close_connection = True  # stopped while waiting: no answer
                 return
             self._send(reply.status, payload, reply.headers)
 

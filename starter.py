@@ -1,0 +1,261 @@
+"""Command line for agent runs: run / status / cancel / list.
+
+    python starter.py run "Summarise https://example.com" --follow
+    python starter.py status RUN_ID [--json]
+    python starter.py cancel RUN_ID
+    python starter.py list
+
+Every failure is one line on stderr and a non-zero exit: 2 for bad arguments
+or an unreachable server, 1 for a run that does not exist or did not complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_agents.client import TemporalUnavailable, connect
+from workflows.agent import AgentWorkflow
+from workflows.types import AgentInput, AgentResult, Limits, StatusView
+
+TERMINAL = {"completed", "failed", "cancelled", "limit_exceeded"}
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code attached."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog}: {message} (see --help)", code=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="starter.py", description="Start and inspect durable agent runs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="start an agent run")
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--model", default=os.environ.get("AGENT_MODEL", ""), help="e.g. openai:gpt-4o-mini")
+    run.add_argument("--id", dest="workflow_id", help="workflow id (default: agent-<random>)")
+    run.add_argument("--max-steps", type=_positive_int, help="model turns before limit_exceeded")
+    run.add_argument("--timeout", type=_positive_int, dest="timeout_s", help="run deadline in seconds")
+    run.add_argument("--tools", type=_name_list, help="comma-separated tool names (default: all)")
+    run.add_argument("--tenant", default="", help="tenant label for the run")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--wait", action="store_true", help="wait for the result")
+    mode.add_argument("--follow", action="store_true", help="show progress until the run ends")
+    run.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    status = sub.add_parser("status", help="show a run's state")
+    status.add_argument("workflow_id")
+    status.add_argument("--json", action="store_true")
+
+    cancel = sub.add_parser("cancel", help="cancel a run (its sandbox is cleaned up)")
+    cancel.add_argument("workflow_id")
+
+    listing = sub.add_parser("list", help="recent runs")
+    listing.add_argument("--limit", type=_positive_int, default=20)
+    listing.add_argument("--json", action="store_true")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _name_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one tool name")
+    return names
+
+
+def ui_link(client: Client, workflow_id: str, run_id: str | None) -> str:
+    base = os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233").rstrip("/")
+    return f"{base}/namespaces/{client.namespace}/workflows/{workflow_id}/{run_id or ''}".rstrip("/")
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+async def cmd_run(client: Client, args: argparse.Namespace) -> int:
+    limits = Limits()
+    if args.max_steps:
+        limits.max_steps = args.max_steps
+    if args.timeout_s:
+        limits.timeout_s = args.timeout_s
+    inp = AgentInput(task=args.task, model=args.model, tools=args.tools, limits=limits, tenant=args.tenant)
+    workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
+    task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
+    try:
+        handle = await client.start_workflow(
+            AgentWorkflow.run, inp, id=workflow_id, task_queue=task_queue, result_type=AgentResult
+        )
+    except RPCError as err:
+        if err.status == RPCStatusCode.ALREADY_EXISTS:
+            raise CliError(f"a run with id {workflow_id!r} is already running") from None
+        raise
+    if not args.json:
+        print(f"started run {workflow_id} on task queue {task_queue}")
+        print(f"  ui: {ui_link(client, workflow_id, handle.result_run_id)}")
+    if not (args.wait or args.follow):
+        if args.json:
+            _print_json({"workflow_id": workflow_id, "run_id": handle.result_run_id})
+        return 0
+    result = await _follow(handle, quiet=args.json or not args.follow)
+    return _report(result, args.json, handle, client)
+
+
+async def _follow(handle: WorkflowHandle[Any, AgentResult], *, quiet: bool) -> AgentResult:
+    """Wait for the result; unless quiet, print each progress change the status query shows."""
+    result_task = asyncio.ensure_future(handle.result())
+    last = ""
+    announced = False
+    while not result_task.done():
+        try:
+            view = await handle.query(AgentWorkflow.status)
+        except RPCError:
+            view = None  # no worker polling yet, or the run just closed
+        if view is not None and not quiet:
+            if not announced and view.model:
+                announced = True
+                note = (
+                    "  (offline deterministic model: no model API key configured)"
+                    if view.model.startswith("scripted:")
+                    else ""
+                )
+                print(f"model: {view.model}{note}")
+            line = f"[step {view.step}] {view.state}: {view.last_event}"
+            if line != last:
+                print(line, flush=True)
+                last = line
+        await asyncio.wait({result_task}, timeout=0.5)
+    try:
+        return result_task.result()
+    except WorkflowFailureError as err:
+        raise CliError(f"run {handle.id} failed: {err.cause}") from None
+
+
+def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any], client: Client) -> int:
+    if as_json:
+        _print_json({"workflow_id": handle.id, **result.model_dump()})
+    else:
+        print(
+            f"\nstatus: {result.status}   steps: {result.steps}   tokens: "
+            f"{result.usage.input_tokens} in / {result.usage.output_tokens} out   cost: ${result.usage.cost_usd:.4f}"
+        )
+        print(f"\n{result.output}\n")
+        print(f"run id: {handle.id}")
+        print(f"ui:     {ui_link(client, handle.id, None)}")
+    return 0 if result.status == "completed" else 1
+
+
+async def _describe(client: Client, workflow_id: str) -> Any:
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        return handle, await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(f"no run with id {workflow_id!r}") from None
+        raise
+
+
+async def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    handle, desc = await _describe(client, args.workflow_id)
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        try:
+            view = await handle.query(AgentWorkflow.status)
+        except RPCError as err:
+            raise CliError(f"run {args.workflow_id} is running but no worker answered: {err.message}") from None
+        data = {"workflow_id": args.workflow_id, **StatusView.model_validate(view).model_dump()}
+    elif desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+        result = await client.get_workflow_handle(args.workflow_id, result_type=AgentResult).result()
+        data = {
+            "workflow_id": args.workflow_id,
+            "state": result.status,
+            "step": result.steps,
+            "usage": result.usage.model_dump(),
+            "output": result.output,
+        }
+    else:
+        data = {"workflow_id": args.workflow_id, "state": desc.status.name.lower() if desc.status else "unknown"}
+    if args.json:
+        _print_json(data)
+    else:
+        for key, value in data.items():
+            print(f"{key:>18}: {value}")
+    return 0
+
+
+async def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    handle, desc = await _describe(client, args.workflow_id)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        raise CliError(f"run {args.workflow_id} is not running ({desc.status.name.lower()})")
+    await handle.cancel()
+    print(f"cancellation requested for {args.workflow_id}")
+    return 0
+
+
+async def cmd_list(client: Client, args: argparse.Namespace) -> int:
+    rows = []
+    async for wf in client.list_workflows("WorkflowType = 'AgentWorkflow'", limit=args.limit):
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "run_id": wf.run_id,
+                "status": wf.status.name.lower() if wf.status else "unknown",
+                "started": wf.start_time.isoformat(timespec="seconds"),
+            }
+        )
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        print("no runs yet")
+    else:
+        for row in rows:
+            print(f"{row['started']}  {row['status']:<18} {row['workflow_id']}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "status": cmd_status, "cancel": cmd_cancel, "list": cmd_list}
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        client = await connect()
+        return await COMMANDS[args.command](client, args)
+    except CliError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.code
+    except TemporalUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RPCError as err:
+        print(f"error: Temporal refused the request: {err.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
