@@ -109,9 +109,7 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
     try:
-        handle = await client.start_workflow(
-            AgentWorkflow.run, inp, id=workflow_id, task_queue=task_queue, result_type=AgentResult
-        )
+        handle = await client.start_workflow(AgentWorkflow.run, inp, id=workflow_id, task_queue=task_queue)
     except RPCError as err:
         if err.status == RPCStatusCode.ALREADY_EXISTS:
             raise CliError(f"a run with id {workflow_id!r} is already running") from None

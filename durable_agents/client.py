@@ -33,9 +33,7 @@ async def connect(*, interceptors: list[Interceptor] | None = None) -> Client:
     """A client with the project's data converter; ``TemporalUnavailable`` when no server answers."""
     config = connect_config()
     try:
-        return await Client.connect(
-            data_converter=pydantic_data_converter, interceptors=interceptors or [], **config
-        )
+        return await Client.connect(data_converter=pydantic_data_converter, interceptors=interceptors or [], **config)
     except RuntimeError as exc:
         text = str(exc)
         reason = "connection refused" if "ConnectionRefused" in text else text.splitlines()[0][:160]

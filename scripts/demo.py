@@ -63,8 +63,10 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             worker.kill()
         server.shutdown()
-    print(f"demo finished in {time.monotonic() - started:.1f} s with exit code {rc}; worker stopped. "
-          "The dev server is still up for the UI link; `make stop` stops it.")
+    print(
+        f"demo finished in {time.monotonic() - started:.1f} s with exit code {rc}; worker stopped. "
+        "The dev server is still up for the UI link; `make stop` stops it."
+    )
     return rc
 
 

@@ -22,8 +22,13 @@ STATE = ROOT / ".temporal"
 PIDFILE = STATE / "server.pid"
 TEMPORAL = Path(sys.executable).parent / "temporal"
 # Search attributes the runtime keeps current (the dev server needs them declared up front).
-SEARCH_ATTRIBUTES = ["AgentState=Keyword", "AgentPendingApprovals=Int", "AgentTenant=Keyword",
-                     "AgentModel=Keyword", "AgentCostUsd=Double"]
+SEARCH_ATTRIBUTES = [
+    "AgentState=Keyword",
+    "AgentPendingApprovals=Int",
+    "AgentTenant=Keyword",
+    "AgentModel=Keyword",
+    "AgentCostUsd=Double",
+]
 
 
 def _address() -> tuple[str, int]:
@@ -45,20 +50,32 @@ def start() -> int:
         print(f"Temporal already answers at {host}:{port}; reusing it")
         return 0
     STATE.mkdir(exist_ok=True)
-    cmd = [str(TEMPORAL), "server", "start-dev", "--db-filename", str(STATE / "dev.sqlite"),
-           "--ip", "127.0.0.1", "--port", str(port), "--ui-port", os.environ.get("TEMPORAL_UI_PORT", "8233"),
-           "--log-level", "warn"]
+    cmd = [
+        str(TEMPORAL),
+        "server",
+        "start-dev",
+        "--db-filename",
+        str(STATE / "dev.sqlite"),
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ui-port",
+        os.environ.get("TEMPORAL_UI_PORT", "8233"),
+        "--log-level",
+        "warn",
+    ]
     for attribute in SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", attribute]
     log = open(STATE / "server.log", "ab")  # noqa: SIM115 (the server keeps it after we exit)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     PIDFILE.write_text(str(proc.pid))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            print(f"error: temporal dev server exited with {proc.returncode}; see {STATE / 'server.log'}",
-                  file=sys.stderr)
+            print(
+                f"error: temporal dev server exited with {proc.returncode}; see {STATE / 'server.log'}", file=sys.stderr
+            )
             return 1
         if answers(host, port):
             print(f"Temporal dev server started at {host}:{port} (UI http://localhost:8233, pid {proc.pid})")

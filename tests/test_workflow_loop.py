@@ -23,7 +23,6 @@ async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandl
         AgentInput(**fields),
         id=f"wf-{uuid.uuid4().hex[:10]}",
         task_queue=task_queue,
-        result_type=AgentResult,
     )
 
 

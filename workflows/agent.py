@@ -112,7 +112,9 @@ class AgentWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["InvalidInput"]),
             )
         except ActivityError as err:
-            raise ApplicationError(f"invalid run input: {_cause(err)}", type="InvalidInput", non_retryable=True)
+            raise ApplicationError(
+                f"invalid run input: {_cause(err)}", type="InvalidInput", non_retryable=True
+            ) from None
         opening = [
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
@@ -166,7 +168,7 @@ class AgentWorkflow:
             append=carry.pending,
             tools=carry.tools,
         )
-        turn = await workflow.execute_activity(
+        turn: ModelTurn = await workflow.execute_activity(
             "model",
             request,
             result_type=ModelTurn,
@@ -247,7 +249,9 @@ class AgentWorkflow:
                 result_type=SandboxRef,
                 start_to_close_timeout=timedelta(seconds=120),
                 retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1), maximum_attempts=5, non_retryable_error_types=["SandboxUnavailable"]
+                    initial_interval=timedelta(seconds=1),
+                    maximum_attempts=5,
+                    non_retryable_error_types=["SandboxUnavailable"],
                 ),
                 summary="create sandbox",
             )

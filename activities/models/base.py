@@ -8,6 +8,7 @@ Temporal retry behaviour. Error messages never contain the API key.
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -42,9 +43,7 @@ class ProviderReply(BaseModel):
 
 
 class ModelProvider(Protocol):
-    async def complete(
-        self, model: str, messages: list[Message], tools: list[dict[str, Any]]
-    ) -> ProviderReply:
+    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One model turn. ``tools`` are provider-neutral definitions
         (``{"name", "description", "parameters"}``: a JSON schema)."""
         ...
@@ -59,13 +58,13 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
+    from datetime import datetime
     from email.utils import parsedate_to_datetime
-    from datetime import datetime, timezone
 
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -15,12 +15,12 @@ from typing import Any
 from activities.models.base import FatalProviderError, ProviderReply
 from workflows.types import Message, RecordedToolCall
 
-DEMO_SCRIPT = '''\
+DEMO_SCRIPT = """\
 import statistics
 
 primes = [n for n in range(2, 60) if all(n % d for d in range(2, int(n ** 0.5) + 1))]
 print(f"primes below 60: {len(primes)}, mean {statistics.mean(primes):.2f}, largest {primes[-1]}")
-'''
+"""
 
 _URL = re.compile(r"https?://[^\s'\"<>]+")
 
