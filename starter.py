@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agents.client import TemporalUnavailable, connect
+from durable_agents.client import TemporalUnavailable, connect, exit_process
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
 
@@ -256,4 +256,4 @@ async def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    exit_process(asyncio.run(main()))

@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 from activities.config import Settings
 from activities.runtime import Runtime, all_activities
 from durable_agents import logs
-from durable_agents.client import TemporalUnavailable, connect
+from durable_agents.client import TemporalUnavailable, connect, exit_process
 from workflows.agent import AgentWorkflow
 
 log = structlog.get_logger("worker")
@@ -69,4 +69,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    exit_process(asyncio.run(main()))

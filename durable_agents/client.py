@@ -10,6 +10,7 @@ use the pydantic data converter.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from temporalio.client import Client, Interceptor
@@ -41,3 +42,15 @@ async def connect(*, interceptors: list[Interceptor] | None = None) -> Client:
             f"cannot reach Temporal at {config['target_host']} (namespace {config['namespace']}): {reason}. "
             "Start one with `make server` or set TEMPORAL_ADDRESS."
         ) from None
+
+
+def exit_process(code: int) -> None:
+    """Exit without interpreter finalization.
+
+    After a failed connect, the Temporal core runtime's threads can abort the
+    interpreter during finalization (``PyGILState_Release``), which would turn a
+    clean one-line error into exit 134. Flush and leave directly instead.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

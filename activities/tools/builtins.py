@@ -80,7 +80,7 @@ async def run_python(args: RunPythonArgs, ctx: ToolContext) -> str:
     script = f".agent_run_{hashlib.sha256(args.code.encode()).hexdigest()[:8]}.py"
     with _refusals_to_model():
         await sandbox.write_file(script, args.code.encode())
-        result = await sandbox.run(["/usr/bin/python3", "-I", script], timeout_s=COMMAND_TIMEOUT_S)
+        result = await sandbox.run(["/usr/bin/python3", "-E", "-s", script], timeout_s=COMMAND_TIMEOUT_S)
     return result.render()
 
 

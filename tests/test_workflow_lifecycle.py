@@ -1,0 +1,330 @@
+"""Run lifecycle: cancellation, the wall-clock limit, continue-as-new, history growth, retry reuse.
+
+Workflow tests run against real Temporal dev servers and the real HTTP fake LLM,
+cached and forced-replay (``run_worker``); the reuse tests drive one activity
+directly, twice, the way a retry after a lost completion would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message as ProtoMessage
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.models.activity import ModelActivities
+from activities.runtime import Runtime
+from activities.tools.activity import tool_activities
+from tests.conftest import TEMPORAL_CLI, WorkerFactory, require_bwrap, with_settings
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from workflows.agent import AgentWorkflow
+from workflows.identity import sandbox_id_for
+from workflows.types import AgentInput, AgentResult, Limits, Message, ModelRequest, ToolInvocation, TranscriptEntry
+
+KB = 1024
+PAYLOAD_LIMIT = 256 * KB  # no single history payload may come near Temporal's per-payload limits
+CAN_AFTER_EVENTS = 40  # the separate server suggests continue-as-new this early
+
+
+async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandle[AgentWorkflow, AgentResult]:
+    fields.setdefault("task", "test task")
+    return await client.start_workflow(
+        AgentWorkflow.run,
+        AgentInput(**fields),
+        id=f"wf-{uuid.uuid4().hex[:10]}",
+        task_queue=task_queue,
+        result_type=AgentResult,
+    )
+
+
+def chat_requests(llm: FakeLLMServer) -> list[dict[str, Any]]:
+    return [r for r in llm.requests if r["path"].endswith("/chat/completions")]
+
+
+def sandbox_dir(runtime: Runtime, handle: WorkflowHandle[Any, Any], first_run_id: str) -> Path:
+    return Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id_for(f"{handle.id}/{first_run_id}")
+
+
+def _payloads(message: ProtoMessage) -> Iterator[Payload]:
+    """Every ``Payload`` anywhere inside ``message`` (inputs, results, markers, failures, memos...)."""
+    if isinstance(message, Payload):
+        yield message
+        return
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if isinstance(value, ProtoMessage):
+            items = [value]
+        elif field.message_type.GetOptions().map_entry:
+            items = [v for v in value.values() if isinstance(v, ProtoMessage)]
+        else:  # a repeated field
+            items = list(value)
+        for item in items:
+            yield from _payloads(item)
+
+
+def largest_payload(history: WorkflowHistory) -> int:
+    return max((p.ByteSize() for event in history.events for p in _payloads(event)), default=0)
+
+
+# --- cancellation ------------------------------------------------------------------------
+
+
+async def test_cancel_stops_the_tool_and_removes_the_sandbox(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    require_bwrap()
+    llm.enqueue(Scripted(tool_calls=[("run_shell", json.dumps({"command": "sleep 30"}))]))
+    llm.default = Scripted(text="the run went on after it was cancelled")
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start(dev_env.client, tq, task="sleep for a while")
+        first_run_id = handle.result_run_id or ""
+        workspace = sandbox_dir(runtime, handle, first_run_id) / "workspace"
+        last_event = ""
+        for _ in range(200):  # bounded: at most ~10 s
+            last_event = (await handle.query(AgentWorkflow.status)).last_event
+            if "run_shell" in last_event:
+                break
+            await asyncio.sleep(0.05)
+        assert "run_shell" in last_event, f"the tool never started; last event: {last_event!r}"
+        assert workspace.is_dir(), "the run's sandbox should exist while run_shell runs"
+
+        await handle.cancel()
+        result = await handle.result()
+        status = await handle.query(AgentWorkflow.status)
+
+    assert result.status == "cancelled", f"cancel should end the run as cancelled, got {result!r}"
+    assert result.steps == 1
+    assert status.state == "cancelled"
+    assert not workspace.parent.exists(), "cancelling must kill the sandbox and delete its workspace"
+    assert len(chat_requests(llm)) == 1, "no model turn may follow a cancel"
+    backend = runtime.sandbox_backend()
+    assert not getattr(backend, "running", {}).get(workspace.parent.name), "the sleep must have been killed"
+
+
+# --- wall-clock limit ----------------------------------------------------------------------
+
+
+async def test_timeout_bounds_a_slow_model_turn(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(Scripted(text="far too late", delay_s=2.5))
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start(dev_env.client, tq, limits=Limits(timeout_s=1))
+        result = await handle.result()
+
+    assert result.status == "limit_exceeded", result
+    assert "timeout_s=1" in result.output
+    assert result.steps == 1
+    assert len(chat_requests(llm)) == 1, "a turn cut off by the deadline must not be retried"
+
+
+# --- continue-as-new -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def can_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server of its own that suggests continue-as-new after a few dozen events."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            f"limit.historyCount.suggestContinueAsNew={CAN_AFTER_EVENTS}",
+        ],
+    )
+    yield env
+    await env.shutdown()
+
+
+def write_until(turns: int) -> Any:
+    """A model that writes a file each turn and answers after ``turns - 1`` tool rounds.
+
+    It decides by the transcript it is sent (not by a request counter), so a
+    retried request gets the same answer.
+    """
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        rounds = (len(body.get("messages", [])) - 2) // 2
+        if rounds >= turns - 1:
+            return Scripted(text=f"done after {rounds} files", input_tokens=7, output_tokens=3)
+        return Scripted(tool_calls=[("write_file", json.dumps({"path": f"f{rounds}.txt", "content": str(rounds)}))])
+
+    return reply
+
+
+async def test_continue_as_new_keeps_the_run_whole(
+    can_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    require_bwrap()
+    turns = 12
+    llm.default = write_until(turns)
+    client = can_env.client
+    async with run_worker(client, runtime) as tq:
+        handle = await start(client, tq, task="write twelve files", limits=Limits(max_steps=50))
+        first_run_id = handle.result_run_id or ""
+        result = await handle.result()
+        latest = await client.get_workflow_handle(handle.id).describe()
+        first_history = await client.get_workflow_handle(handle.id, run_id=first_run_id).fetch_history()
+
+    assert result.status == "completed", result
+    assert result.output == f"done after {turns - 1} files"
+    assert result.steps == turns
+    assert result.usage.input_tokens == 10 * (turns - 1) + 7
+    assert result.usage.output_tokens == 5 * (turns - 1) + 3
+    assert latest.run_id != first_run_id, "the run should have continued as new at least once"
+    assert first_history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+
+    chat = chat_requests(llm)
+    assert len(chat) == turns
+    last = chat[-1]["body"]["messages"]
+    assert [m["role"] for m in last] == ["system", "user"] + ["assistant", "tool"] * (turns - 1)
+    assert last[1]["content"] == "write twelve files"
+    for index in range(turns - 1):
+        call, answer = last[2 + 2 * index], last[3 + 2 * index]
+        assert json.loads(call["tool_calls"][0]["function"]["arguments"])["path"] == f"f{index}.txt"
+        assert answer["tool_call_id"] == call["tool_calls"][0]["id"]
+        assert answer["content"] == f"wrote {len(str(index))} bytes to f{index}.txt"
+    # One sandbox for the whole run, carried across runs and removed at the end.
+    assert not sandbox_dir(runtime, handle, first_run_id).exists()
+
+
+# --- history size ----------------------------------------------------------------------------
+
+
+def reader(turns: int, size: int) -> Any:
+    """Turn 1 makes a ``size``-byte file with a short command; every later turn reads it."""
+    make = f"yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c {size} > data.txt"
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        rounds = (len(body.get("messages", [])) - 2) // 2
+        if rounds == 0:
+            return Scripted(tool_calls=[("run_shell", json.dumps({"command": make}))])
+        if rounds >= turns - 1:
+            return Scripted(text="read enough")
+        return Scripted(tool_calls=[("read_file", json.dumps({"path": "data.txt"}))])
+
+    return reply
+
+
+async def run_reader(
+    env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, turns: int, size: int
+) -> tuple[AgentResult, WorkflowHistory, list[dict[str, Any]]]:
+    with FakeLLMServer(default=reader(turns, size)) as llm:
+        # each run gets its own model server, so that the runs can overlap
+        rt = with_settings(runtime, openai_base_url=llm.openai_url, anthropic_base_url=llm.anthropic_url)
+        try:
+            async with run_worker(env.client, rt) as tq:
+                handle = await start(env.client, tq, task="read the file", limits=Limits(max_steps=turns + 5))
+                result = await handle.result()
+                history = await handle.fetch_history()
+        finally:
+            await rt.aclose()
+        return result, history, chat_requests(llm)
+
+
+async def test_history_grows_linearly_without_tool_outputs(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
+) -> None:
+    require_bwrap()
+    (small, small_history, _), (big, big_history, big_chat), (huge, huge_history, huge_chat) = await asyncio.gather(
+        run_reader(dev_env, runtime, run_worker, 10, 10 * KB),
+        run_reader(dev_env, runtime, run_worker, 30, 10 * KB),
+        run_reader(dev_env, runtime, run_worker, 3, 300 * KB),
+    )
+    for result, turns in ((small, 10), (big, 30), (huge, 3)):
+        assert result.status == "completed" and result.steps == turns, result
+
+    # The model saw every full output: they live in the store, not in history.
+    tool_outputs = [m["content"] for m in big_chat[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert len(tool_outputs) == 29
+    assert all(len(text) == 10 * KB for text in tool_outputs[1:])
+    assert len(huge_chat[-1]["body"]["messages"][-1]["content"]) == 300 * KB
+
+    for history in (small_history, big_history, huge_history):
+        assert largest_payload(history) < PAYLOAD_LIMIT
+    assert largest_payload(huge_history) < 16 * KB, "a 300 KB output must reach history only as a preview"
+
+    size10, size30 = len(small_history.to_json()), len(big_history.to_json())
+    per_turn_10, marginal = size10 / 10, (size30 - size10) / 20
+    assert marginal < 2 * per_turn_10, (size10, size30)
+    assert size30 / 30 < 8 * KB, f"{size30 / 30:.0f} bytes per turn: 10 KB tool outputs are leaking into history"
+
+
+# --- reuse after a retry -------------------------------------------------------------------------
+
+
+async def test_model_reply_stored_by_an_earlier_attempt_is_reused(runtime: Runtime, llm: FakeLLMServer) -> None:
+    llm.enqueue(
+        Scripted(tool_calls=[("write_file", json.dumps({"path": "a.txt", "content": "a"}))], input_tokens=42),
+        Scripted(text="a second, different reply"),
+    )
+    activities = ModelActivities(runtime)
+    opening = [Message(role="system", content="be brief"), Message(role="user", content="write a")]
+    request = ModelRequest(
+        conversation_id=f"conv-{uuid.uuid4().hex[:8]}",
+        model="openai:test-model",
+        turn=1,
+        transcript_len=2,
+        append=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
+        tools=["write_file", "read_file"],
+    )
+    env = ActivityEnvironment()
+    first = await env.run(activities.model, request)
+    second = await env.run(activities.model, request)
+
+    assert len(chat_requests(llm)) == 1, "the retry must not call the model again"
+    assert second == first
+    assert first.message_seq == 2 and first.usage.input_tokens == 42
+    assert [c.name for c in first.tool_calls] == ["write_file"]
+    stored = await runtime.store.get_message(request.conversation_id, 2)
+    assert stored is not None and stored.message.tool_calls[0].name == "write_file"
+
+
+async def test_tool_result_stored_by_an_earlier_attempt_is_reused(runtime: Runtime) -> None:
+    require_bwrap()
+    (write_file,) = [fn for fn in tool_activities(runtime) if fn.__name__ == "tool_write_file"]
+    sandbox_id = f"sbx-reuse-{uuid.uuid4().hex[:8]}"
+    sandbox = await runtime.sandbox_backend().create(sandbox_id)
+    target = Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id / "workspace" / "a.txt"
+
+    def invocation(content: str) -> ToolInvocation:
+        return ToolInvocation(
+            conversation_id=f"conv-{sandbox_id}",
+            workflow_id="wf-reuse",
+            step=1,
+            call_id="call_1",
+            call_index=0,
+            seq=3,
+            tool="write_file",
+            arguments={"path": "a.txt", "content": content},
+            idempotency_key="ik_reuse",
+            sandbox_id=sandbox_id,
+        )
+
+    env = ActivityEnvironment()
+    try:
+        first = await env.run(write_file, invocation("a"))
+        assert target.read_text() == "a"
+        target.write_text("changed by someone else")
+        second = await env.run(write_file, invocation("b"))
+        after = target.read_text()
+    finally:
+        await sandbox.kill()
+
+    assert first.ok and first.preview == "wrote 1 bytes to a.txt"
+    assert second == first, "the retry must return the stored outcome"
+    assert after == "changed by someone else", "the retry must not write the file again"
+    stored = await runtime.store.get_message(f"conv-{sandbox_id}", 3)
+    assert stored is not None and stored.message.content == "wrote 1 bytes to a.txt"
