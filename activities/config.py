@@ -40,6 +40,8 @@ class Settings:
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
     prices_file: str = ""
+    policy_file: str = ""
+    approval_key: SecretStr | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -64,13 +66,15 @@ class Settings:
             store_url=env.get("AGENT_STORE_URL", "").strip() or str(state_dir / "store.sqlite3"),
             state_dir=state_dir,
             prices_file=env.get("AGENT_PRICES", ""),
+            policy_file=env.get("AGENT_POLICY_FILE", ""),
+            approval_key=_secret("AGENT_APPROVAL_KEY"),
         )
 
     def secret_values(self) -> list[str]:
         """Every configured secret, for redaction of error text."""
         return [
             s.get_secret_value()
-            for s in (self.openai_api_key, self.anthropic_api_key, self.e2b_api_key)
+            for s in (self.openai_api_key, self.anthropic_api_key, self.e2b_api_key, self.approval_key)
             if s is not None and s.get_secret_value()
         ]
 

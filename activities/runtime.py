@@ -38,6 +38,7 @@ class Runtime:
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     """Every activity a worker registers: model, run config, transcript, sandbox, one per tool."""
+    from activities.approvals import ApprovalActivities
     from activities.models.activity import ModelActivities
     from activities.sandbox.activity import SandboxActivities
     from activities.tools.activity import TranscriptActivities, tool_activities
@@ -47,6 +48,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     transcript = TranscriptActivities(runtime)
     return [
         model.run_config,
+        ApprovalActivities(runtime.settings).verify_decision,
         model.model,
         transcript.transcript_append,
         sandbox.sandbox_create,

@@ -9,27 +9,36 @@ tool calls and previews only, so it grows linearly with the number of steps.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import contextlib
+from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.identity import canonical_json, idempotency_key, sandbox_id_for
+    from workflows.approvals import ApprovalBook, Outcome, Verdict
+    from workflows.identity import approval_id, canonical_json, idempotency_key, sandbox_id_for
+    from workflows.policy import Decision, Policy, decide, parse_run_policy
     from workflows.types import (
         AgentInput,
         AgentResult,
+        ApproveSignal,
         Carry,
+        DecideRequest,
+        DecideResult,
         Message,
         ModelRequest,
         ModelTurn,
+        PendingApproval,
+        RejectSignal,
         ResultStatus,
         RunConfig,
         RunConfigRequest,
         RunState,
         SandboxRef,
         SandboxRequest,
+        SignatureCheck,
         StatusView,
         ToolCall,
         ToolInvocation,
@@ -72,20 +81,86 @@ class AgentWorkflow:
         self._output = ""
         self._last_event = "starting"
         self._sandbox_failure = ""
+        self._book = ApprovalBook(approvers=[], signing_required=False)
+        self._operator_policy = Policy()
+        self._run_policy: Policy | None = None
 
     # --- public read side ----------------------------------------------------------
 
     @workflow.query(name="status")
     def status(self) -> StatusView:
+        state: RunState = "waiting_approval" if self._state == "running" and self._book.pending else self._state
         return StatusView(
-            state=self._state,
+            state=state,
             step=self._step,
-            pending_approvals=[],
+            pending_approvals=self._book.views(),
             usage=self._usage,
             model=self._model,
             output=self._output,
             last_event=self._last_event,
+            refused=self._book.refused,
         )
+
+    # --- approvals: two signals and one update, one semantics ------------------------
+
+    @workflow.signal(name="approve")
+    async def approve(self, decision: ApproveSignal) -> None:
+        await self._decide(DecideRequest(decision="approve", **decision.model_dump()), source="signal")
+
+    @workflow.signal(name="reject")
+    async def reject(self, decision: RejectSignal) -> None:
+        fields = decision.model_dump()
+        fields["comment"] = fields.pop("reason")
+        await self._decide(DecideRequest(decision="reject", **fields), source="signal")
+
+    @workflow.update(name="decide")
+    async def decide_update(self, request: DecideRequest) -> DecideResult:
+        return await self._decide(request, source="update")
+
+    @decide_update.validator
+    def _validate_decide(self, request: DecideRequest) -> None:
+        # Refused updates never reach history; the caller gets the reason at once.
+        problem = self._book.problem(request.approval_id, request.reviewer, request.signature, workflow.now())
+        if problem:
+            raise ValueError(problem)
+
+    async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
+        aid = request.approval_id
+        problem = self._book.problem(aid, request.reviewer, request.signature, workflow.now())
+        if not problem and self._book.signing_required:
+            problem = await self._signature_problem(request)
+            # The book may have changed while the signature was checked.
+            problem = problem or self._book.problem(aid, request.reviewer, request.signature, workflow.now())
+        if problem:
+            message = f"refused {request.decision} by {request.reviewer!r} via {source}: {problem}"
+            workflow.logger.warning(message)
+            self._book.refuse(message)
+            if source == "update":
+                raise ApplicationError(problem, type="DecisionRefused", non_retryable=True)
+            return DecideResult(accepted=False, message=problem)
+        outcome: Outcome = "approved" if request.decision == "approve" else "rejected"
+        self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
+        workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
+        self._note(f"{aid} {outcome} by {request.reviewer}")
+        return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
+
+    async def _signature_problem(self, request: DecideRequest) -> str:
+        approval = self._book.pending[request.approval_id]
+        check = SignatureCheck(
+            approval_id=request.approval_id,
+            decision=request.decision,
+            reviewer=request.reviewer,
+            expires_at=approval.expires_at,
+            signature=request.signature,
+        )
+        valid = await workflow.execute_local_activity(
+            "verify_decision",
+            check,
+            result_type=bool,
+            start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
+            retry_policy=HOUSEKEEPING_RETRY,
+        )
+        return "" if valid else "the decision's signature does not verify"
 
     # --- the loop --------------------------------------------------------------------
 
@@ -93,6 +168,14 @@ class AgentWorkflow:
     async def run(self, inp: AgentInput) -> AgentResult:
         carry = inp.carry or await self._fresh_carry(inp)
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
+        self._book = ApprovalBook(approvers=inp.approvers, signing_required=carry.signing_required)
+        self._operator_policy = Policy.model_validate(carry.policy)
+        try:
+            self._run_policy = parse_run_policy(inp.policy)
+        except ValueError as exc:
+            raise ApplicationError(
+                f"invalid run input: policy: {exc}", type="InvalidInput", non_retryable=True
+            ) from None
         try:
             return await self._loop(inp, carry)
         except asyncio.CancelledError:
@@ -109,7 +192,9 @@ class AgentWorkflow:
                 RunConfigRequest(model=inp.model, tools=inp.tools),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
-                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["InvalidInput"]),
+                retry_policy=RetryPolicy(
+                    maximum_attempts=3, non_retryable_error_types=["InvalidInput", "InvalidPolicy"]
+                ),
             )
         except ActivityError as err:
             raise ApplicationError(
@@ -127,6 +212,8 @@ class AgentWorkflow:
             started_at=workflow.now().timestamp(),
             model=config.model,
             tools=config.tools,
+            policy=config.policy,
+            signing_required=config.signing_required,
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
         )
 
@@ -183,20 +270,77 @@ class AgentWorkflow:
     async def _run_tools(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
         """Every call gets exactly one result at its own position, in call order.
 
-        Calls run one after another because later calls in a turn commonly depend
-        on earlier ones (write a file, then run it).
+        Policy is decided for the whole turn first, so every call that needs a
+        human is pending at once and can be decided independently. Calls then run
+        one after another because later calls in a turn commonly depend on
+        earlier ones (write a file, then run it).
         """
         base = carry.transcript_len
+        decisions = {call.id: self._policy_for(call) for call in turn.tool_calls if not call.error}
+        approvals = {
+            call.id: self._open_approval(inp, carry, call, decisions[call.id])
+            for call in turn.tool_calls
+            if not call.error and decisions[call.id].verdict == "ask"
+        }
         for index, call in enumerate(turn.tool_calls):
             seq = base + index
-            error = call.error or await self._ensure_sandbox(inp, carry, call)
-            if error:
-                self._note(f"turn {carry.step}: {call.name} refused")
-                carry.pending.append(TranscriptEntry(seq=seq, message=_tool_error(call, error)))
+            refusal = call.error
+            if not refusal and decisions[call.id].verdict == "deny":
+                refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
+            if not refusal and call.id in approvals:
+                refusal = await self._await_approval(carry, call, approvals[call.id])
+            refusal = refusal or await self._ensure_sandbox(inp, carry, call)
+            if refusal:
+                self._note(f"turn {carry.step}: {call.name} not run")
+                carry.pending.append(TranscriptEntry(seq=seq, message=_tool_error(call, refusal)))
                 continue
             self._note(f"turn {carry.step}: running {call.name}")
             await self._execute_tool(inp, carry, call, index, seq)
         carry.transcript_len = base + len(turn.tool_calls)
+
+    def _policy_for(self, call: ToolCall) -> Decision:
+        return decide(self._operator_policy, self._run_policy, call.name, call.arguments, side_effect=call.side_effect)
+
+    def _open_approval(self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision) -> str:
+        now = workflow.now()
+        deadline = datetime.fromtimestamp(self._deadline(inp, carry), tz=UTC)
+        expires_at = min(now + timedelta(seconds=decision.approval_timeout_s), deadline)
+        aid = approval_id(workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments)
+        self._book.open(
+            PendingApproval(
+                approval_id=aid,
+                tool=call.name,
+                args=call.arguments,
+                requested_at=now.isoformat(),
+                expires_at=expires_at.isoformat(),
+                reviewers=inp.approvers,
+                rule=decision.rule,
+                step=carry.step,
+                call_id=call.id,
+            ),
+            expires_at,
+        )
+        workflow.logger.info("approval %s requested for %s (rule %s)", aid, call.name, decision.rule)
+        return aid
+
+    async def _await_approval(self, carry: Carry, call: ToolCall, aid: str) -> str:
+        """Wait (on a durable timer) for the decision; return refusal text unless approved."""
+        self._note(f"turn {carry.step}: waiting for approval {aid} of {call.name}")
+        remaining = self._book.expires[aid] - workflow.now()
+        if remaining.total_seconds() > 0:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: aid in self._book.decided, timeout=remaining, timeout_summary=f"approval {aid} expires"
+                )
+        self._book.expire(aid)
+        verdict = self._book.decided[aid]
+        if verdict.outcome == "approved":
+            return ""
+        if verdict.outcome == "rejected":
+            reason = f": {verdict.note}" if verdict.note else ""
+            return f"Error: {call.name} was rejected by {verdict.reviewer}{reason}. It was not run."
+        expired_at = self._book.pending_expiry(aid)
+        return f"Error: approval {aid} for {call.name} expired at {expired_at} without a decision; it was not run."
 
     async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         workflow_id = workflow.info().workflow_id

@@ -7,6 +7,7 @@ run derives exactly the same values.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any
 
@@ -32,3 +33,15 @@ def approval_id(workflow_id: str, step: int, call_id: str, tool: str, arguments:
 
 def sandbox_id_for(conversation_id: str) -> str:
     return "sbx-" + _digest("sandbox", conversation_id)[:20]
+
+
+def decision_signature(key: bytes, approval_id: str, decision: str, reviewer: str, expires_at: str) -> str:
+    """HMAC-SHA256 over the decision, as ``starter.py`` signs and the worker verifies it.
+
+    Binding ``expires_at`` means a signature cannot be replayed onto a later
+    approval of the same call.
+    """
+    message = canonical_json(
+        {"approval_id": approval_id, "decision": decision, "reviewer": reviewer, "expires_at": expires_at}
+    ).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()

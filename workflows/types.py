@@ -53,6 +53,8 @@ class Carry(BaseModel):
     tools: list[str]
     sandbox_id: str = ""
     pending: list[TranscriptEntry] = Field(default_factory=list)  # workflow-made entries not yet stored
+    policy: dict[str, Any] = Field(default_factory=dict)  # operator policy snapshot taken at start
+    signing_required: bool = False
     continued: int = 0
 
 
@@ -83,6 +85,52 @@ class PendingApproval(BaseModel):
     args: dict[str, Any]
     requested_at: str
     expires_at: str
+    reviewers: list[str] = Field(default_factory=list)  # empty: anyone may decide
+    rule: str = ""
+    step: int = 0
+    call_id: str = ""
+    kind: str = "tool_call"
+
+
+class ApproveSignal(BaseModel):
+    """Payload of the ``approve`` signal (public contract)."""
+
+    approval_id: str
+    reviewer: str
+    comment: str = ""
+    signature: str = ""
+
+
+class RejectSignal(BaseModel):
+    """Payload of the ``reject`` signal (public contract)."""
+
+    approval_id: str
+    reviewer: str
+    reason: str = ""
+    signature: str = ""
+
+
+class DecideRequest(BaseModel):
+    """Payload of the ``decide`` update: one semantics with the signals, but the caller gets an answer."""
+
+    approval_id: str
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    comment: str = ""
+    signature: str = ""
+
+
+class DecideResult(BaseModel):
+    accepted: bool
+    message: str
+
+
+class SignatureCheck(BaseModel):
+    approval_id: str
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    expires_at: str
+    signature: str
 
 
 class StatusView(BaseModel):
@@ -93,6 +141,7 @@ class StatusView(BaseModel):
     model: str = ""
     output: str = ""
     last_event: str = ""
+    refused: list[str] = Field(default_factory=list)  # recent refused decisions, newest last
 
 
 # --- transcript -----------------------------------------------------------------
@@ -131,10 +180,12 @@ class RunConfigRequest(BaseModel):
 
 
 class RunConfig(BaseModel):
-    """Worker-side defaults resolved once at run start and recorded in history."""
+    """Worker-side settings resolved once at run start and recorded in history (the run's snapshot)."""
 
     model: str
     tools: list[str]
+    policy: dict[str, Any] = Field(default_factory=dict)  # the operator's policy (workflows.policy.Policy)
+    signing_required: bool = False
 
 
 class ModelRequest(BaseModel):

@@ -13,6 +13,7 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.approvals import load_policy
 from activities.config import redact
 from activities.models.base import FatalProviderError, RetryableProviderError
 from activities.models.pricing import cost_usd
@@ -37,14 +38,17 @@ class ModelActivities:
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
         known = sorted(tools.registered())
-        if req.tools is None:
-            return RunConfig(model=model, tools=known)
-        unknown = sorted(set(req.tools) - set(known))
+        unknown = sorted(set(req.tools or []) - set(known))
         if unknown:
             raise ApplicationError(
                 f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
             )
-        return RunConfig(model=model, tools=list(dict.fromkeys(req.tools)))
+        return RunConfig(
+            model=model,
+            tools=known if req.tools is None else list(dict.fromkeys(req.tools)),
+            policy=load_policy(self._rt.settings.policy_file),
+            signing_required=self._rt.settings.approval_key is not None,
+        )
 
     @activity.defn(name="model")
     async def model(self, req: ModelRequest) -> ModelTurn:

@@ -1,0 +1,48 @@
+"""Trusted approval helpers: the operator's policy file and decision signatures.
+
+``AGENT_POLICY_FILE`` (JSON, see ``workflows.policy.Policy``) is read when a
+run starts and snapshotted into it. With ``AGENT_APPROVAL_KEY`` set, every
+decision must carry an HMAC made with the same key (``starter.py`` signs when
+the variable is set in its environment); the key never enters a workflow.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.config import Settings
+from workflows.identity import decision_signature
+from workflows.policy import Policy
+from workflows.types import SignatureCheck
+
+
+def load_policy(path: str) -> dict[str, Any]:
+    """The operator policy as a validated plain dict; ``{}`` (defaults) when no file is configured."""
+    if not path:
+        return Policy().model_dump()
+    try:
+        raw = json.loads(Path(path).read_text())
+        return Policy.model_validate(raw).model_dump()
+    except (OSError, ValueError) as exc:
+        raise ApplicationError(f"AGENT_POLICY_FILE {path}: {exc}", type="InvalidPolicy", non_retryable=True) from None
+
+
+class ApprovalActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    @activity.defn(name="verify_decision")
+    async def verify_decision(self, check: SignatureCheck) -> bool:
+        key = self._settings.approval_key
+        if key is None:
+            return False
+        expected = decision_signature(
+            key.get_secret_value().encode(), check.approval_id, check.decision, check.reviewer, check.expires_at
+        )
+        return hmac.compare_digest(expected, check.signature)
