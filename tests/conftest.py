@@ -102,8 +102,10 @@ def run_worker(cache_mode: str) -> WorkerFactory:
     """``async with run_worker(client, runtime) as task_queue:`` — a worker on a fresh task queue."""
 
     @asynccontextmanager
-    async def start(client: Client, runtime: Runtime, **options: Any) -> AsyncIterator[str]:
-        task_queue = f"test-{uuid.uuid4().hex[:12]}"
+    async def start(
+        client: Client, runtime: Runtime, *, task_queue_override: str = "", **options: Any
+    ) -> AsyncIterator[str]:
+        task_queue = task_queue_override or f"test-{uuid.uuid4().hex[:12]}"
         if cache_mode == "replay":
             options.setdefault("max_cached_workflows", 0)
         worker: Worker = build_worker(client, runtime, task_queue=task_queue, **options)
