@@ -2,7 +2,9 @@
 
 It reads the transcript like a model would and plays a fixed plan: write a
 Python file and run it in the sandbox, fetch the first URL in the task with an
-HTTP GET (when the task has one), then answer with what it saw. The same
+HTTP GET (when the task has one), POST a reservation to ``<url>/reservations``
+when the task asks to reserve (a side effect, so policy asks for approval),
+then answer with what it saw. The same
 transcript always yields the same reply.
 """
 
@@ -49,35 +51,31 @@ class ScriptedProvider:
         available = {t["name"] for t in tools}
         url = next(iter(_URL.findall(task)), "").rstrip(".,;:!?)")
 
-        if turn == 0 and {"write_file", "run_python"} <= available:
-            calls = [
-                _call(turn, 0, "write_file", {"path": "analysis.py", "content": DEMO_SCRIPT}),
-                _call(turn, 1, "run_python", {"code": "exec(open('analysis.py').read())"}),
-            ]
+        def reply(text: str, calls: list[RecordedToolCall], output_tokens: int) -> ProviderReply:
             return ProviderReply(
-                text="I'll compute a few statistics in the sandbox first.",
+                text=text,
                 tool_calls=calls,
                 input_tokens=tokens_in,
-                output_tokens=40,
-                finish_reason="tool_calls",
+                output_tokens=output_tokens,
+                finish_reason="tool_calls" if calls else "stop",
                 response_id=f"scripted-{turn}",
             )
-        if turn <= 1 and url and "http_request" in available:
-            return ProviderReply(
-                text=f"Now I'll fetch {url}.",
-                tool_calls=[_call(turn, 0, "http_request", {"method": "GET", "url": url})],
-                input_tokens=tokens_in,
-                output_tokens=20,
-                finish_reason="tool_calls",
-                response_id=f"scripted-{turn}",
-            )
-        return ProviderReply(
-            text=self._summary(tool_results),
-            input_tokens=tokens_in,
-            output_tokens=60,
-            finish_reason="stop",
-            response_id=f"scripted-{turn}",
-        )
+
+        http_calls = sum(1 for m in tool_results if m.name == "http_request")
+        can_http = bool(url) and "http_request" in available
+        if turn == 0 and {"write_file", "run_python"} <= available:
+            write = _call(turn, 0, "write_file", {"path": "analysis.py", "content": DEMO_SCRIPT})
+            run = _call(turn, 1, "run_python", {"code": "exec(open('analysis.py').read())"})
+            return reply("I'll compute a few statistics in the sandbox first.", [write, run], 40)
+        if can_http and http_calls == 0:
+            fetch = _call(turn, 0, "http_request", {"method": "GET", "url": url})
+            return reply(f"Now I'll fetch {url}.", [fetch], 20)
+        if can_http and http_calls == 1 and "reserve" in task.lower():
+            # A write: policy asks a human before it runs.
+            body = {"method": "POST", "url": f"{url}/reservations", "json": {"quantity": 1}}
+            reserve = _call(turn, 0, "http_request", body)
+            return reply("Stock is available; I'll reserve one unit (this needs approval).", [reserve], 30)
+        return reply(self._summary(tool_results), [], 60)
 
     @staticmethod
     def _summary(results: list[Message]) -> str:
@@ -85,12 +83,12 @@ class ScriptedProvider:
         for result in results:
             if result.name == "run_python":
                 lines.append(f"- sandboxed Python said: {_stdout_first_line(result.content) or '(no output)'}")
+            elif result.is_error:
+                lines.append(f"- {result.name} was not done: {result.content[:300]}")
             elif result.name == "http_request":
                 status = result.content.splitlines()[0] if result.content else "(no response)"
                 body = result.content.split("\n\n", 1)[1].strip() if "\n\n" in result.content else ""
-                lines.append(f"- the HTTP GET returned {status}: {body[:200]}")
-            elif result.is_error:
-                lines.append(f"- {result.name} failed: {result.content[:200]}")
+                lines.append(f"- the HTTP request returned {status}: {body[:200]}")
         if len(lines) == 1:
             lines.append("- no tools were needed")
         return "\n".join(lines)
