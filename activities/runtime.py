@@ -41,7 +41,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     from activities.approvals import ApprovalActivities
     from activities.models.activity import ModelActivities
     from activities.sandbox.activity import SandboxActivities
-    from activities.tools.activity import TranscriptActivities, tool_activities
+    from activities.tools.activity import CompensationActivities, TranscriptActivities, tool_activities
 
     model = ModelActivities(runtime)
     sandbox = SandboxActivities(runtime)
@@ -51,6 +51,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         ApprovalActivities(runtime.settings).verify_decision,
         model.model,
         transcript.transcript_append,
+        CompensationActivities(runtime).compensate,
         sandbox.sandbox_create,
         sandbox.sandbox_kill,
         *tool_activities(runtime),

@@ -14,17 +14,20 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from workflows.approvals import ApprovalBook, Outcome, Verdict
-    from workflows.identity import approval_id, canonical_json, idempotency_key, sandbox_id_for
+    from workflows.identity import approval_id, idempotency_key, sandbox_id_for
+    from workflows.limits import deadline, limit_reason
+    from workflows.narration import cause_text, details_markdown, tool_error, tool_summary
     from workflows.policy import Decision, Policy, decide, parse_run_policy
     from workflows.types import (
         AgentInput,
         AgentResult,
         ApproveSignal,
         Carry,
+        CompensationRequest,
         DecideRequest,
         DecideResult,
         Message,
@@ -32,12 +35,14 @@ with workflow.unsafe.imports_passed_through():
         ModelTurn,
         PendingApproval,
         RejectSignal,
+        ResolveSignal,
         ResultStatus,
         RunConfig,
         RunConfigRequest,
         RunState,
         SandboxRef,
         SandboxRequest,
+        SideEffect,
         SignatureCheck,
         StatusView,
         ToolCall,
@@ -61,14 +66,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are an agent running inside a durable runtime. Use the tools to do the task; "
     "code runs in an isolated sandbox with no network. When you are done, answer without calling tools."
 )
-
-
-def _cause(err: BaseException) -> str:
-    """The innermost readable message of an activity failure."""
-    cause: BaseException | None = err
-    while isinstance(cause, ActivityError) and cause.cause is not None:
-        cause = cause.cause
-    return str(cause) if cause is not None else str(err)
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -113,6 +110,11 @@ class AgentWorkflow:
         fields["comment"] = fields.pop("reason")
         await self._decide(DecideRequest(decision="reject", **fields), source="signal")
 
+    @workflow.signal(name="resolve")
+    async def resolve(self, decision: ResolveSignal) -> None:
+        fields = decision.model_dump()
+        await self._decide(DecideRequest(decision=fields.pop("resolution"), **fields), source="signal")
+
     @workflow.update(name="decide")
     async def decide_update(self, request: DecideRequest) -> DecideResult:
         return await self._decide(request, source="update")
@@ -120,17 +122,21 @@ class AgentWorkflow:
     @decide_update.validator
     def _validate_decide(self, request: DecideRequest) -> None:
         # Refused updates never reach history; the caller gets the reason at once.
-        problem = self._book.problem(request.approval_id, request.reviewer, request.signature, workflow.now())
+        problem = self._book.problem(
+            request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
+        )
         if problem:
             raise ValueError(problem)
 
     async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
         aid = request.approval_id
-        problem = self._book.problem(aid, request.reviewer, request.signature, workflow.now())
+        problem = self._book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
         if not problem and self._book.signing_required:
             problem = await self._signature_problem(request)
             # The book may have changed while the signature was checked.
-            problem = problem or self._book.problem(aid, request.reviewer, request.signature, workflow.now())
+            problem = problem or self._book.problem(
+                aid, request.decision, request.reviewer, request.signature, workflow.now()
+            )
         if problem:
             message = f"refused {request.decision} by {request.reviewer!r} via {source}: {problem}"
             workflow.logger.warning(message)
@@ -138,7 +144,7 @@ class AgentWorkflow:
             if source == "update":
                 raise ApplicationError(problem, type="DecisionRefused", non_retryable=True)
             return DecideResult(accepted=False, message=problem)
-        outcome: Outcome = "approved" if request.decision == "approve" else "rejected"
+        outcome: Outcome = _OUTCOMES[request.decision]
         self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
         workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
         self._note(f"{aid} {outcome} by {request.reviewer}")
@@ -178,11 +184,44 @@ class AgentWorkflow:
             ) from None
         try:
             return await self._loop(inp, carry)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ActivityError) as err:
+            if not is_cancelled_exception(err):
+                raise
             # Cleanup must still run: the cancel was delivered to the awaited activity, not to new ones.
             self._note("cancelled")
+            report = await asyncio.shield(asyncio.ensure_future(self._compensate(carry)))
             await asyncio.shield(asyncio.ensure_future(self._cleanup(carry)))
-            return self._finish("cancelled", "the run was cancelled")
+            return self._finish("cancelled", "the run was cancelled." + report)
+
+    async def _compensate(self, carry: Carry) -> str:
+        """Undo completed side effects that declare a compensation (newest first); report all of them."""
+        if not carry.side_effects:
+            return ""
+        lines = ["", "Side effects that ran before the cancel:"]
+        for effect in reversed(carry.side_effects):
+            label = f"- {effect.tool} (step {effect.step}, key {effect.idempotency_key})"
+            if not effect.compensable:
+                lines.append(f"{label}: ran; no compensation declared")
+                continue
+            try:
+                note = await workflow.execute_activity(
+                    "compensate",
+                    CompensationRequest(
+                        tool=effect.tool,
+                        arguments=effect.arguments,
+                        idempotency_key=effect.idempotency_key,
+                        workflow_id=workflow.info().workflow_id,
+                        conversation_id=carry.conversation_id,
+                    ),
+                    result_type=str,
+                    start_to_close_timeout=timedelta(seconds=60),
+                    retry_policy=HOUSEKEEPING_RETRY,
+                    summary=f"compensate {effect.tool}",
+                )
+                lines.append(f"{label}: ran; compensated: {note}")
+            except ActivityError as err:
+                lines.append(f"{label}: ran; compensation FAILED: {cause_text(err)}")
+        return "\n".join(lines)
 
     async def _fresh_carry(self, inp: AgentInput) -> Carry:
         info = workflow.info()
@@ -198,7 +237,7 @@ class AgentWorkflow:
             )
         except ActivityError as err:
             raise ApplicationError(
-                f"invalid run input: {_cause(err)}", type="InvalidInput", non_retryable=True
+                f"invalid run input: {cause_text(err)}", type="InvalidInput", non_retryable=True
             ) from None
         opening = [
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
@@ -219,7 +258,7 @@ class AgentWorkflow:
 
     async def _loop(self, inp: AgentInput, carry: Carry) -> AgentResult:
         while True:
-            limit = self._limit_reason(inp, carry)
+            limit = limit_reason(inp.limits, carry, workflow.now().timestamp())
             if limit:
                 await self._cleanup(carry)
                 return self._finish("limit_exceeded", limit)
@@ -234,10 +273,12 @@ class AgentWorkflow:
             try:
                 turn = await self._model_turn(inp, carry)
             except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
                 await self._cleanup(carry)
                 if self._deadline_passed(inp, carry):
                     return self._finish("limit_exceeded", f"timeout_s={inp.limits.timeout_s} reached")
-                return self._finish("failed", f"model {carry.model} failed: {_cause(err)}")
+                return self._finish("failed", f"model {carry.model} failed: {cause_text(err)}")
 
             self._usage = carry.usage = carry.usage.plus(turn.usage)
             carry.transcript_len = turn.message_seq + 1
@@ -292,7 +333,7 @@ class AgentWorkflow:
             refusal = refusal or await self._ensure_sandbox(inp, carry, call)
             if refusal:
                 self._note(f"turn {carry.step}: {call.name} not run")
-                carry.pending.append(TranscriptEntry(seq=seq, message=_tool_error(call, refusal)))
+                carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
                 continue
             self._note(f"turn {carry.step}: running {call.name}")
             await self._execute_tool(inp, carry, call, index, seq)
@@ -301,11 +342,15 @@ class AgentWorkflow:
     def _policy_for(self, call: ToolCall) -> Decision:
         return decide(self._operator_policy, self._run_policy, call.name, call.arguments, side_effect=call.side_effect)
 
-    def _open_approval(self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision) -> str:
+    def _open_approval(
+        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, kind: str = "tool_call"
+    ) -> str:
         now = workflow.now()
-        deadline = datetime.fromtimestamp(self._deadline(inp, carry), tz=UTC)
-        expires_at = min(now + timedelta(seconds=decision.approval_timeout_s), deadline)
+        run_ends = datetime.fromtimestamp(deadline(inp.limits, carry), tz=UTC)
+        expires_at = min(now + timedelta(seconds=decision.approval_timeout_s), run_ends)
         aid = approval_id(workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments)
+        if kind != "tool_call":
+            aid = f"{aid}-{kind.split('_')[0]}{sum(1 for a in self._book.decided if a.startswith(aid))}"
         self._book.open(
             PendingApproval(
                 approval_id=aid,
@@ -317,6 +362,7 @@ class AgentWorkflow:
                 rule=decision.rule,
                 step=carry.step,
                 call_id=call.id,
+                kind=kind,
             ),
             expires_at,
         )
@@ -334,7 +380,7 @@ class AgentWorkflow:
                 )
         self._book.expire(aid)
         verdict = self._book.decided[aid]
-        if verdict.outcome == "approved":
+        if verdict.outcome in ("approved", "retry", "mark_done", "fail"):
             return ""
         if verdict.outcome == "rejected":
             reason = f": {verdict.note}" if verdict.note else ""
@@ -344,6 +390,7 @@ class AgentWorkflow:
 
     async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         workflow_id = workflow.info().workflow_id
+        key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
         invocation = ToolInvocation(
             conversation_id=carry.conversation_id,
             workflow_id=workflow_id,
@@ -353,12 +400,40 @@ class AgentWorkflow:
             seq=seq,
             tool=call.name,
             arguments=call.arguments,
-            idempotency_key=idempotency_key(workflow_id, carry.step, index, call.name, call.arguments),
+            idempotency_key=key,
             sandbox_id=carry.sandbox_id,
             tenant=inp.tenant,
         )
+        outcome = await self._invoke(call, invocation)
+        while isinstance(outcome, ToolOutcome) and outcome.unknown:
+            # Never a blind retry: a human says whether it happened.
+            aid = self._open_approval(inp, carry, call, self._policy_for(call), kind="resolve_unknown_outcome")
+            refusal = await self._await_approval(carry, call, aid)
+            verdict = self._book.decided[aid]
+            if verdict.outcome == "expired":
+                outcome = refusal.replace("expired", "(unknown outcome) expired", 1)
+                break
+            note = f"{verdict.reviewer}" + (f" ({verdict.note})" if verdict.note else "")
+            invocation = invocation.model_copy(update={"resolution": verdict.outcome, "resolution_note": note})
+            outcome = await self._invoke(call, invocation)
+        if isinstance(outcome, str):
+            carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, outcome)))
+        elif call.side_effect and outcome.ok:
+            carry.side_effects.append(
+                SideEffect(
+                    tool=call.name,
+                    step=carry.step,
+                    call_id=call.id,
+                    idempotency_key=key,
+                    arguments=call.arguments,
+                    compensable=call.compensable,
+                )
+            )
+
+    async def _invoke(self, call: ToolCall, invocation: ToolInvocation) -> ToolOutcome | str:
+        """The tool activity's outcome, or error text when every attempt failed."""
         try:
-            await workflow.execute_activity(
+            outcome: ToolOutcome = await workflow.execute_activity(
                 call.name,
                 invocation,
                 result_type=ToolOutcome,
@@ -370,12 +445,14 @@ class AgentWorkflow:
                     maximum_interval=timedelta(seconds=30),
                     maximum_attempts=call.max_attempts,
                 ),
-                summary=_tool_summary(call),
+                summary=tool_summary(call) + (f" · {invocation.resolution}" if invocation.resolution else ""),
             )
         except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
             # The activity never stored a result (it stores before completing), so the workflow answers.
-            message = _tool_error(call, f"Error: {call.name} failed after {call.max_attempts} attempts: {_cause(err)}")
-            carry.pending.append(TranscriptEntry(seq=seq, message=message))
+            return f"Error: {call.name} failed after {call.max_attempts} attempts: {cause_text(err)}"
+        return outcome
 
     async def _ensure_sandbox(self, inp: AgentInput, carry: Carry, call: ToolCall) -> str:
         """Create the run's sandbox on first use; return an error text if it cannot be had."""
@@ -400,7 +477,11 @@ class AgentWorkflow:
                 summary="create sandbox",
             )
         except ActivityError as err:
-            self._sandbox_failure = f"Error: the code sandbox is unavailable, so {call.name} cannot run: {_cause(err)}"
+            if is_cancelled_exception(err):
+                raise
+            self._sandbox_failure = (
+                f"Error: the code sandbox is unavailable, so {call.name} cannot run: {cause_text(err)}"
+            )
             return self._sandbox_failure
         carry.sandbox_id = ref.sandbox_id
         return ""
@@ -427,41 +508,23 @@ class AgentWorkflow:
                 )
                 carry.sandbox_id = ""
         except ActivityError as err:
-            workflow.logger.warning("cleanup failed: %s", _cause(err))
+            workflow.logger.warning("cleanup failed: %s", cause_text(err))
 
     # --- limits and bookkeeping ----------------------------------------------------------
 
-    def _deadline(self, inp: AgentInput, carry: Carry) -> float:
-        return carry.started_at + inp.limits.timeout_s
-
     def _deadline_passed(self, inp: AgentInput, carry: Carry) -> bool:
-        return workflow.now().timestamp() >= self._deadline(inp, carry)
+        return workflow.now().timestamp() >= deadline(inp.limits, carry)
 
     def _remaining(self, inp: AgentInput, carry: Carry) -> timedelta:
-        return timedelta(seconds=max(1.0, self._deadline(inp, carry) - workflow.now().timestamp()))
-
-    def _limit_reason(self, inp: AgentInput, carry: Carry) -> str:
-        limits = inp.limits
-        if carry.step >= limits.max_steps:
-            return f"max_steps={limits.max_steps} reached"
-        if carry.usage.total_tokens >= limits.max_tokens:
-            return f"max_tokens={limits.max_tokens} reached ({carry.usage.total_tokens} used)"
-        if limits.max_cost_usd and carry.usage.cost_usd >= limits.max_cost_usd:
-            return f"max_cost_usd={limits.max_cost_usd} reached (${carry.usage.cost_usd:.4f} spent)"
-        if self._deadline_passed(inp, carry):
-            return f"timeout_s={limits.timeout_s} reached"
-        return ""
+        return timedelta(seconds=max(1.0, deadline(inp.limits, carry) - workflow.now().timestamp()))
 
     def _note(self, event: str) -> None:
         self._last_event = event
         workflow.set_current_details(self._details())
 
     def _details(self) -> str:
-        return (
-            f"**state** {self._state} · **step** {self._step} · **model** {self._model}\n\n"
-            f"**last** {self._last_event}\n\n"
-            f"**usage** {self._usage.input_tokens} in / {self._usage.output_tokens} out tokens · "
-            f"${self._usage.cost_usd:.4f}"
+        return details_markdown(
+            workflow.info().workflow_id, self.status(), self._book.refused[-1:] if self._book.refused else []
         )
 
     def _finish(self, status: ResultStatus, output: str) -> AgentResult:
@@ -471,19 +534,10 @@ class AgentWorkflow:
         return AgentResult(status=status, output=output, usage=self._usage, steps=self._step)
 
 
-def _tool_error(call: ToolCall, text: str) -> Message:
-    return Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=True)
-
-
-def _tool_summary(call: ToolCall) -> str:
-    args = call.arguments
-    if call.name == "http_request":
-        url = str(args.get("url", ""))
-        return f"http_request {str(args.get('method', '')).upper()} {url.split('://', 1)[-1][:80]}"
-    if call.name in ("write_file", "read_file"):
-        return f"{call.name} {str(args.get('path', ''))[:80]}"
-    if call.name == "run_python":
-        return f"run_python · {str(args.get('code', '')).count(chr(10)) + 1} lines"
-    if call.name == "run_shell":
-        return f"run_shell {str(args.get('command', ''))[:80]}"
-    return f"{call.name} {canonical_json(args)[:80]}"
+_OUTCOMES: dict[str, Outcome] = {
+    "approve": "approved",
+    "reject": "rejected",
+    "retry": "retry",
+    "mark_done": "mark_done",
+    "fail": "fail",
+}

@@ -13,7 +13,12 @@ from typing import Literal
 
 from workflows.types import PendingApproval
 
-Outcome = Literal["approved", "rejected", "expired"]
+Outcome = Literal["approved", "rejected", "expired", "retry", "mark_done", "fail"]
+# Which decisions answer which kind of approval.
+DECISIONS = {
+    "tool_call": ("approve", "reject"),
+    "resolve_unknown_outcome": ("retry", "mark_done", "fail"),
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class ApprovalBook:
         self.pending[approval.approval_id] = approval
         self.expires[approval.approval_id] = expires_at
 
-    def problem(self, approval_id: str, reviewer: str, signature: str, now: datetime) -> str:
+    def problem(self, approval_id: str, decision: str, reviewer: str, signature: str, now: datetime) -> str:
         """Why a decision must be refused, or ``""`` when it may be recorded (signature aside)."""
         if approval_id in self.decided:
             return f"approval {approval_id} was already decided ({self.decided[approval_id].outcome})"
@@ -44,6 +49,11 @@ class ApprovalBook:
             return f"no pending approval {approval_id}"
         if now >= self.expires[approval_id]:
             return f"approval {approval_id} expired at {self.pending[approval_id].expires_at}"
+        allowed = DECISIONS.get(self.pending[approval_id].kind, ())
+        if decision not in allowed:
+            return (
+                f"{decision!r} does not answer a {self.pending[approval_id].kind} approval (use {' / '.join(allowed)})"
+            )
         if not reviewer.strip():
             return "a reviewer name is required"
         if self.approvers and reviewer not in self.approvers:

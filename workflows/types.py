@@ -41,6 +41,25 @@ class Usage(BaseModel):
         return self.input_tokens + self.output_tokens
 
 
+class SideEffect(BaseModel):
+    """A completed side-effecting call, kept so a cancelled run can report and compensate it."""
+
+    tool: str
+    step: int
+    call_id: str
+    idempotency_key: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    compensable: bool = False
+
+
+class CompensationRequest(BaseModel):
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    workflow_id: str
+    conversation_id: str = ""
+
+
 class Carry(BaseModel):
     """What a run hands to itself across continue-as-new."""
 
@@ -55,6 +74,7 @@ class Carry(BaseModel):
     pending: list[TranscriptEntry] = Field(default_factory=list)  # workflow-made entries not yet stored
     policy: dict[str, Any] = Field(default_factory=dict)  # operator policy snapshot taken at start
     signing_required: bool = False
+    side_effects: list[SideEffect] = Field(default_factory=list)
     continued: int = 0
 
 
@@ -110,11 +130,28 @@ class RejectSignal(BaseModel):
     signature: str = ""
 
 
-class DecideRequest(BaseModel):
-    """Payload of the ``decide`` update: one semantics with the signals, but the caller gets an answer."""
+DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
+
+
+class ResolveSignal(BaseModel):
+    """Payload of the ``resolve`` signal: a human's answer to an unknown outcome."""
 
     approval_id: str
-    decision: Literal["approve", "reject"]
+    reviewer: str
+    resolution: Literal["retry", "mark_done", "fail"]
+    comment: str = ""
+    signature: str = ""
+
+
+class DecideRequest(BaseModel):
+    """Payload of the ``decide`` update: one semantics with the signals, but the caller gets an answer.
+
+    ``approve``/``reject`` answer a tool-call approval; ``retry``/``mark_done``/``fail``
+    answer an unknown outcome (kind ``resolve_unknown_outcome``).
+    """
+
+    approval_id: str
+    decision: DecisionKind
     reviewer: str
     comment: str = ""
     signature: str = ""
@@ -127,7 +164,7 @@ class DecideResult(BaseModel):
 
 class SignatureCheck(BaseModel):
     approval_id: str
-    decision: Literal["approve", "reject"]
+    decision: DecisionKind
     reviewer: str
     expires_at: str
     signature: str
@@ -215,6 +252,7 @@ class ToolCall(BaseModel):
     timeout_s: int = 60
     max_attempts: int = 3
     heartbeat_s: int = 0
+    compensable: bool = False
 
 
 class ModelTurn(BaseModel):
@@ -243,15 +281,24 @@ class ToolInvocation(BaseModel):
     idempotency_key: str
     sandbox_id: str = ""
     tenant: str = ""
+    # A human's resolution of an unknown outcome: "" (normal run), "retry", "mark_done" or "fail".
+    resolution: str = ""
+    resolution_note: str = ""
 
 
 class ToolOutcome(BaseModel):
-    """What history keeps of a tool result: a preview; the full text is in the store."""
+    """What history keeps of a tool result: a preview; the full text is in the store.
+
+    ``unknown`` means an earlier attempt recorded its intent and died before its
+    outcome: the side effect may or may not have happened, and the tool can
+    neither dedupe nor check, so a human must decide.
+    """
 
     ok: bool
     preview: str
     size_bytes: int
     truncated: bool = False
+    unknown: bool = False
 
 
 class SandboxRequest(BaseModel):

@@ -1,9 +1,11 @@
-"""The ``RunStore`` interface.
+"""The ``RunStore`` interface: transcripts and the idempotency ledger.
 
 Transcript entries are addressed by ``(conversation_id, seq)`` and written
 insert-if-absent: the first writer of a position wins and every later writer
 (a retry, a zombie attempt, a replay) reads back that same entry. This is what
 lets history carry only positions while replays see exactly the same transcript.
+
+Ledger entries are addressed by idempotency key (see ``activities.store.ledger``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from workflows.types import Message
 
 
@@ -36,6 +39,28 @@ class RunStore(Protocol):
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
         """Entries ``[0, upto)`` in order; ``StoreError`` if any position is missing."""
+        ...
+
+    async def claim(self, request: ClaimRequest) -> Claim:
+        """Atomically record intent for ``request.key`` or report who holds it (see ``Claim``)."""
+        ...
+
+    async def started(self, key: str, owner: str) -> None:
+        """Count one started execution of the side effect (called right before it)."""
+        ...
+
+    async def renew(self, key: str, owner: str, lease_s: float) -> bool:
+        """Extend the holder's lease; False when ``owner`` no longer holds the key."""
+        ...
+
+    async def finish(
+        self, key: str, owner: str, state: LedgerState, result: str, is_error: bool, note: str = ""
+    ) -> None:
+        """Record the outcome (``done``) or that it is unknown (``unknown``)."""
+        ...
+
+    async def ledger(self, workflow_id: str | None = None) -> list[LedgerEntry]:
+        """Entries, optionally of one workflow (inspection and tests)."""
         ...
 
     async def close(self) -> None: ...

@@ -10,9 +10,12 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from activities.store.base import StoredMessage, StoreError
+from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
 
 _SCHEMA = """
@@ -24,7 +27,26 @@ CREATE TABLE IF NOT EXISTS transcript (
     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
     PRIMARY KEY (conversation_id, seq)
 );
+CREATE TABLE IF NOT EXISTS ledger (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    args_hash TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    lease_until REAL NOT NULL,
+    executions INTEGER NOT NULL DEFAULT 0,
+    result TEXT NOT NULL DEFAULT '',
+    is_error INTEGER NOT NULL DEFAULT 0,
+    note TEXT NOT NULL DEFAULT '',
+    updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+CREATE INDEX IF NOT EXISTS ledger_workflow ON ledger (workflow_id);
 """
+_LEDGER_COLUMNS = (
+    "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
+)
 
 
 class SQLiteRunStore:
@@ -82,6 +104,106 @@ class SQLiteRunStore:
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
         return await asyncio.to_thread(self._list, conversation_id, upto)
+
+    # --- ledger ---------------------------------------------------------------------
+
+    @staticmethod
+    def _entry(row: tuple[Any, ...]) -> LedgerEntry:
+        return LedgerEntry(**dict(zip(_LEDGER_COLUMNS.split(", "), row, strict=True)))
+
+    def _select(self, key: str) -> LedgerEntry | None:
+        row = self._conn.execute(f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE key = ?", (key,)).fetchone()
+        return self._entry(row) if row else None
+
+    def _claim(self, r: ClaimRequest) -> Claim:
+        now = time.time()
+        with self._lock:
+            # BEGIN IMMEDIATE takes the write lock first, so the read-decide-write below is atomic
+            # across every process using this file.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = self._select(r.key)
+                status: ClaimStatus
+                if current is None:
+                    self._conn.execute(
+                        "INSERT INTO ledger (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until)"
+                        " VALUES (?, ?, ?, ?, 'intent', ?, ?, ?)",
+                        (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, now + r.lease_s),
+                    )
+                    status = "fresh"
+                elif r.force:
+                    status = "fresh"
+                elif current.state == "done":
+                    self._conn.execute("COMMIT")
+                    return Claim(status="done", entry=current)
+                elif current.state == "intent" and current.lease_until > now and current.owner != r.owner:
+                    self._conn.execute("COMMIT")
+                    return Claim(status="busy", entry=current)
+                else:
+                    status = "recovered"
+                if current is not None:
+                    self._conn.execute(
+                        "UPDATE ledger SET state = 'intent', owner = ?, attempt = ?, lease_until = ?,"
+                        " updated_at = CURRENT_TIMESTAMP WHERE key = ?",
+                        (r.owner, r.attempt, now + r.lease_s, r.key),
+                    )
+                entry = self._select(r.key)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        assert entry is not None
+        return Claim(status=status, entry=entry)
+
+    def _started(self, key: str, owner: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE ledger SET executions = executions + 1 WHERE key = ? AND owner = ?", (key, owner)
+            )
+
+    def _renew(self, key: str, owner: str, lease_s: float) -> bool:
+        with self._lock:
+            cur = self._conn.execute(
+                "UPDATE ledger SET lease_until = ? WHERE key = ? AND owner = ? AND state = 'intent'",
+                (time.time() + lease_s, key, owner),
+            )
+        return cur.rowcount == 1
+
+    def _finish(self, key: str, owner: str, state: LedgerState, result: str, is_error: bool, note: str) -> None:
+        with self._lock:
+            # The first recorded outcome wins: a zombie finishing late cannot overwrite it.
+            self._conn.execute(
+                "UPDATE ledger SET state = ?, result = ?, is_error = ?, note = ?, lease_until = 0,"
+                " updated_at = CURRENT_TIMESTAMP WHERE key = ? AND state != 'done'",
+                (state, result, int(is_error), note, key),
+            )
+
+    def _ledger(self, workflow_id: str | None) -> list[LedgerEntry]:
+        with self._lock:
+            if workflow_id is None:
+                rows = self._conn.execute(f"SELECT {_LEDGER_COLUMNS} FROM ledger ORDER BY rowid").fetchall()
+            else:
+                rows = self._conn.execute(
+                    f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE workflow_id = ? ORDER BY rowid", (workflow_id,)
+                ).fetchall()
+        return [self._entry(r) for r in rows]
+
+    async def claim(self, request: ClaimRequest) -> Claim:
+        return await asyncio.to_thread(self._claim, request)
+
+    async def started(self, key: str, owner: str) -> None:
+        await asyncio.to_thread(self._started, key, owner)
+
+    async def renew(self, key: str, owner: str, lease_s: float) -> bool:
+        return await asyncio.to_thread(self._renew, key, owner, lease_s)
+
+    async def finish(
+        self, key: str, owner: str, state: LedgerState, result: str, is_error: bool, note: str = ""
+    ) -> None:
+        await asyncio.to_thread(self._finish, key, owner, state, result, is_error, note)
+
+    async def ledger(self, workflow_id: str | None = None) -> list[LedgerEntry]:
+        return await asyncio.to_thread(self._ledger, workflow_id)
 
     async def close(self) -> None:
         with self._lock:

@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.runtime import Runtime
 from activities.sandbox.base import SandboxError
+from activities.tools.recovery import execute_once
 from activities.tools.registry import ToolContext, ToolError, ToolSpec, registered
-from workflows.types import Message, ToolInvocation, ToolOutcome, TranscriptEntry
+from workflows.types import CompensationRequest, Message, ToolInvocation, ToolOutcome, TranscriptEntry
 
 PREVIEW_CHARS = 1000
 
@@ -58,7 +60,16 @@ def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvoc
         done = await store.get_message(inv.conversation_id, inv.seq)
         if done is not None:
             return outcome_of(done.message)
-        text, is_error = await _execute(spec, runtime, inv)
+        if inv.resolution in ("mark_done", "fail"):
+            text, is_error = await _resolve_by_hand(spec, runtime, inv)
+        elif spec.ledgered:
+            execution = await execute_once(spec, runtime, inv, _execute)
+            if execution.unknown:
+                # No transcript entry yet: the human's resolution will produce it.
+                return ToolOutcome(ok=False, preview=execution.text, size_bytes=0, unknown=True)
+            text, is_error = execution.text, execution.is_error
+        else:
+            text, is_error = await _execute(spec, runtime, inv)
         result = Message(role="tool", content=text, tool_call_id=inv.call_id, name=spec.name, is_error=is_error)
         stored = await store.put_message(inv.conversation_id, inv.seq, result)
         return outcome_of(stored.message)
@@ -77,14 +88,52 @@ async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tup
             if not inv.sandbox_id:
                 raise ToolError("no sandbox was created for this run")
             ctx.sandbox = await runtime.sandbox_backend().connect(inv.sandbox_id)
-        async with _heartbeating(spec.heartbeat_s):
+        async with _heartbeating(0 if spec.ledgered else spec.heartbeat_s):
             return await spec.fn(args, ctx), False
     except (ToolError, SandboxError) as exc:
         return f"Error: {exc}", True
 
 
+async def _resolve_by_hand(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
+    """Record a human's answer to an unknown outcome in the ledger and as the tool result."""
+    who = inv.resolution_note or "a reviewer"
+    if inv.resolution == "mark_done":
+        text, is_error = f"{spec.name} was confirmed done by {who} after its outcome was unknown.", False
+    else:
+        text, is_error = f"Error: {spec.name} was marked failed by {who} after its outcome was unknown.", True
+    await runtime.store.finish(inv.idempotency_key, "human", "done", text, is_error, note=f"resolved: {inv.resolution}")
+    return text, is_error
+
+
 def tool_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     return [_make_tool_activity(spec, runtime) for spec in registered().values()]
+
+
+class CompensationActivities:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @activity.defn(name="compensate")
+    async def compensate(self, req: CompensationRequest) -> str:
+        """Undo one completed side effect with its tool's compensation, given its recorded result."""
+        spec = registered().get(req.tool)
+        if spec is None or spec.compensate is None:
+            raise ApplicationError(f"{req.tool} declares no compensation", type="NotCompensable", non_retryable=True)
+        entries = [e for e in await self._rt.store.ledger(req.workflow_id) if e.key == req.idempotency_key]
+        result = entries[0].result if entries else ""
+        invocation = ToolInvocation(
+            conversation_id=req.conversation_id,
+            workflow_id=req.workflow_id,
+            step=0,
+            call_id="",
+            call_index=0,
+            seq=-1,
+            tool=req.tool,
+            arguments=req.arguments,
+            idempotency_key=req.idempotency_key,
+        )
+        args = spec.args_model.model_validate(req.arguments)
+        return await spec.compensate(args, ToolContext(invocation=invocation, settings=self._rt.settings), result)
 
 
 class TranscriptActivities:

@@ -148,6 +148,9 @@ def _render(response: httpx.Response, body: bytes, truncated: bool) -> str:
     uses_sandbox=False,
     timeout_s=60,
     max_attempts=5,
+    heartbeat_s=5,
+    # Every attempt sends the same Idempotency-Key, so the destination dedupes a re-send.
+    recovery="idempotent_by_key",
 )
 async def http_request(args: HttpRequestArgs, ctx: ToolContext) -> str:
     allow = ctx.settings.http_allow

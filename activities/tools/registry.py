@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -33,6 +33,11 @@ class ToolContext:
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 ToolFn = Callable[[Any, ToolContext], Awaitable[str]]
+# "Did it happen?": the result text when the side effect is found to have happened, None when it did not.
+ReconcileFn = Callable[[Any, ToolContext], Awaitable[str | None]]
+# Undo a completed side effect (given its recorded result); returns a note for the run's record.
+CompensateFn = Callable[[Any, ToolContext, str], Awaitable[str]]
+Recovery = Literal["idempotent_by_key", "reconcile", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,14 @@ class ToolSpec:
     timeout_s: int = 60
     max_attempts: int = 3
     heartbeat_s: int = 0
+    recovery: Recovery = "unknown"
+    reconcile: ReconcileFn | None = None
+    compensate: CompensateFn | None = None
+
+    @property
+    def ledgered(self) -> bool:
+        """Side effects go through the idempotency ledger; read-only tools skip it."""
+        return self.side_effect
 
     def json_schema(self) -> dict[str, Any]:
         schema = self.args_model.model_json_schema()
@@ -70,8 +83,21 @@ def tool(
     timeout_s: int = 60,
     max_attempts: int = 3,
     heartbeat_s: int = 0,
+    recovery: Recovery = "unknown",
+    reconcile: ReconcileFn | None = None,
+    compensate: CompensateFn | None = None,
 ) -> Callable[[ToolFn], ToolFn]:
-    """Register ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model."""
+    """Register ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model.
+
+    For tools with ``side_effect=True``, ``recovery`` says what a retry does when an
+    earlier attempt recorded its intent but no outcome: ``idempotent_by_key`` runs
+    again with the same idempotency key (the destination dedupes), ``reconcile``
+    asks ``reconcile(args, ctx)`` whether it happened, and ``unknown`` (the default)
+    pauses the run for a human. ``compensate`` undoes a completed call when the run
+    is cancelled.
+    """
+    if recovery == "reconcile" and reconcile is None:
+        raise ValueError(f"tool {name!r}: recovery='reconcile' needs a reconcile function")
 
     def register(fn: ToolFn) -> ToolFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
@@ -86,6 +112,9 @@ def tool(
             timeout_s=timeout_s,
             max_attempts=max_attempts,
             heartbeat_s=heartbeat_s,
+            recovery=recovery,
+            reconcile=reconcile,
+            compensate=compensate,
         )
         return fn
 
@@ -126,6 +155,7 @@ def validate_call(raw: RecordedToolCall, enabled: list[str]) -> ToolCall:
         "timeout_s": spec.timeout_s,
         "max_attempts": spec.max_attempts,
         "heartbeat_s": spec.heartbeat_s,
+        "compensable": spec.compensate is not None,
     }
     if len(raw.arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
         return ToolCall(

@@ -1,0 +1,135 @@
+"""Run a side-effecting tool at most once per idempotency key, surviving crashes.
+
+Protocol (DESIGN.md, "Idempotency ledger"): claim the key in the ledger (intent)
+before the side effect, record the outcome after. On a retry:
+
+- outcome recorded → return it, do nothing;
+- intent without outcome (the previous holder died or failed mid-call) → the
+  tool's recovery mode decides: ``idempotent_by_key`` re-sends with the same key,
+  ``reconcile`` checks whether it happened, ``unknown`` reports an unknown outcome
+  so the workflow pauses for a human. Never a blind retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.runtime import Runtime
+from activities.store.ledger import ClaimRequest
+from activities.tools.registry import ToolContext, ToolSpec
+from workflows.identity import canonical_json
+from workflows.types import ToolInvocation
+
+DEFAULT_LEASE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Execution:
+    text: str
+    is_error: bool
+    unknown: bool = False
+
+
+Runner = Callable[[ToolSpec, Runtime, ToolInvocation], Awaitable[tuple[str, bool]]]
+
+
+def _lease_s() -> float:
+    info = activity.info()
+    timeout = info.heartbeat_timeout or info.start_to_close_timeout
+    return timeout.total_seconds() if timeout else DEFAULT_LEASE_S
+
+
+@contextlib.asynccontextmanager
+async def keep_alive(runtime: Runtime, key: str, owner: str, every_s: float, lease_s: float) -> AsyncIterator[None]:
+    """Heartbeat to Temporal and renew the ledger lease while the side effect runs."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            if key and not await runtime.store.renew(key, owner, lease_s):
+                activity.logger.warning("lost the ledger lease on %s to another holder", key)
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, run: Runner) -> Execution:
+    info = activity.info()
+    store = runtime.store
+    owner = f"{info.workflow_id}/{info.activity_id}#{info.attempt}/{uuid.uuid4().hex[:8]}"
+    lease_s = _lease_s()
+    claim = await store.claim(
+        ClaimRequest(
+            key=inv.idempotency_key,
+            tool=spec.name,
+            args_hash=hashlib.sha256(canonical_json(inv.arguments).encode()).hexdigest(),
+            workflow_id=inv.workflow_id,
+            owner=owner,
+            attempt=info.attempt,
+            lease_s=lease_s,
+            force=inv.resolution == "retry",
+        )
+    )
+    entry = claim.entry
+    if claim.status == "done":
+        activity.logger.info("%s already done for key %s; returning the recorded outcome", spec.name, entry.key)
+        return Execution(entry.result, entry.is_error)
+    if claim.status == "busy":
+        wait = max(1.0, entry.lease_until - time.time())
+        raise ApplicationError(
+            f"{spec.name} call {entry.key} is in flight elsewhere (lease held by {entry.owner})",
+            type="CallInFlight",
+            next_retry_delay=timedelta(seconds=wait),
+        )
+    if claim.status == "recovered":
+        activity.logger.warning(
+            "%s key %s has intent without outcome (attempt %d); recovery mode %s",
+            spec.name,
+            entry.key,
+            entry.attempt,
+            spec.recovery,
+        )
+        if spec.recovery == "reconcile":
+            assert spec.reconcile is not None
+            found = await spec.reconcile(spec.args_model.model_validate(inv.arguments), _context(runtime, inv))
+            if found is not None:
+                await store.finish(entry.key, owner, "done", found, False, note="reconciled")
+                return Execution(found, False)
+        elif spec.recovery == "unknown":
+            note = f"attempt {entry.attempt} recorded intent and no outcome; {entry.executions} execution(s) started"
+            await store.finish(entry.key, owner, "unknown", "", False, note=note)
+            return Execution(f"outcome unknown: {note}", True, unknown=True)
+
+    await store.started(inv.idempotency_key, owner)
+    every_s = float(spec.heartbeat_s or max(1.0, lease_s / 3))
+    try:
+        async with keep_alive(runtime, inv.idempotency_key, owner, every_s, lease_s):
+            text, is_error = await run(spec, runtime, inv)
+    except BaseException:
+        # Whether the side effect happened is unknown; give up the lease so the next attempt
+        # goes straight to recovery instead of waiting for the lease to run out.
+        with contextlib.suppress(Exception):
+            await store.renew(inv.idempotency_key, owner, 0)
+        raise
+    await store.finish(inv.idempotency_key, owner, "done", text, is_error)
+    return Execution(text, is_error)
+
+
+def _context(runtime: Runtime, inv: ToolInvocation) -> ToolContext:
+    return ToolContext(invocation=inv, settings=runtime.settings)

@@ -1,0 +1,23 @@
+"""Run limits enforced by the workflow before every model turn (pure, deterministic)."""
+
+from __future__ import annotations
+
+from workflows.types import Carry, Limits
+
+
+def deadline(limits: Limits, carry: Carry) -> float:
+    """Epoch seconds by which the run must end, measured from its first execution."""
+    return carry.started_at + limits.timeout_s
+
+
+def limit_reason(limits: Limits, carry: Carry, now: float) -> str:
+    """Why the run must stop before another model turn, or ``""``."""
+    if carry.step >= limits.max_steps:
+        return f"max_steps={limits.max_steps} reached"
+    if carry.usage.total_tokens >= limits.max_tokens:
+        return f"max_tokens={limits.max_tokens} reached ({carry.usage.total_tokens} used)"
+    if limits.max_cost_usd and carry.usage.cost_usd >= limits.max_cost_usd:
+        return f"max_cost_usd={limits.max_cost_usd} reached (${carry.usage.cost_usd:.4f} spent)"
+    if now >= deadline(limits, carry):
+        return f"timeout_s={limits.timeout_s} reached"
+    return ""

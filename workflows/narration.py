@@ -1,0 +1,61 @@
+"""How a run describes itself to people: activity summaries, current details, tool error texts.
+
+Pure functions of workflow state, safe to call from workflow code.
+"""
+
+from __future__ import annotations
+
+from temporalio.exceptions import ActivityError
+
+from workflows.identity import canonical_json
+from workflows.types import Message, StatusView, ToolCall
+
+
+def cause_text(err: BaseException) -> str:
+    """The innermost readable message of an activity failure."""
+    cause: BaseException | None = err
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    return str(cause) if cause is not None else str(err)
+
+
+def tool_error(call: ToolCall, text: str) -> Message:
+    return Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=True)
+
+
+def tool_summary(call: ToolCall) -> str:
+    args = call.arguments
+    if call.name == "http_request":
+        url = str(args.get("url", ""))
+        return f"http_request {str(args.get('method', '')).upper()} {url.split('://', 1)[-1][:80]}"
+    if call.name in ("write_file", "read_file"):
+        return f"{call.name} {str(args.get('path', ''))[:80]}"
+    if call.name == "run_python":
+        return f"run_python · {str(args.get('code', '')).count(chr(10)) + 1} lines"
+    if call.name == "run_shell":
+        return f"run_shell {str(args.get('command', ''))[:80]}"
+    return f"{call.name} {canonical_json(args)[:80]}"
+
+
+def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[str]) -> str:
+    """The workflow's current details in the Temporal UI (markdown)."""
+    usage = view.usage
+    lines = [
+        f"**state** {view.state} · **step** {view.step} · **model** {view.model}",
+        "",
+        f"**last** {view.last_event}",
+        "",
+        f"**usage** {usage.input_tokens} in / {usage.output_tokens} out tokens · ${usage.cost_usd:.4f}",
+    ]
+    for approval in view.pending_approvals:
+        verbs = "approve|reject" if approval.kind == "tool_call" else "resolve --as retry|mark_done|fail"
+        lines += [
+            "",
+            f"**waiting for approval** `{approval.approval_id}` · {approval.tool} "
+            f"`{canonical_json(approval.args)[:160]}` · rule {approval.rule} · expires {approval.expires_at}",
+            f"`python starter.py {verbs.split('|')[0]} {workflow_id} {approval.approval_id} --reviewer NAME`"
+            + (f" (or {verbs})" if approval.kind == "tool_call" else f" ({verbs})"),
+        ]
+    for refusal in recent_refusals:
+        lines += ["", f"**refused** {refusal}"]
+    return "\n".join(lines)
