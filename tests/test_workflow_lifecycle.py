@@ -44,7 +44,6 @@ async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandl
         AgentInput(**fields),
         id=f"wf-{uuid.uuid4().hex[:10]}",
         task_queue=task_queue,
-        result_type=AgentResult,
     )
 
 
@@ -305,7 +304,7 @@ async def test_tool_result_stored_by_an_earlier_attempt_is_reused(runtime: Runti
     require_bwrap()
     (write_file,) = [fn for fn in tool_activities(runtime) if fn.__name__ == "tool_write_file"]
     sandbox_id = f"sbx-reuse-{uuid.uuid4().hex[:8]}"
-    sandbox = await runtime.sandbox_backend().create(sandbox_id)
+    sandbox = await runtime.sandbox_backend().create(sandbox_id, metadata={})
     target = Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id / "workspace" / "a.txt"
 
     def invocation(content: str) -> ToolInvocation:

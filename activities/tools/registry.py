@@ -7,7 +7,9 @@ arguments in trusted code before anything runs.
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -122,10 +124,18 @@ def tool(
 
 
 def registered() -> dict[str, ToolSpec]:
-    """All registered tools by name (importing the built-ins first)."""
+    """All registered tools by name: the built-ins plus modules named in ``AGENT_TOOL_MODULES``."""
     import activities.tools.builtins  # noqa: F401  (registers on import)
 
+    load_tool_modules(os.environ.get("AGENT_TOOL_MODULES", ""))
     return dict(_REGISTRY)
+
+
+def load_tool_modules(names: str) -> None:
+    """Import each comma-separated module so its ``@tool`` functions register (operator's own tools)."""
+    for name in (n.strip() for n in names.split(",")):
+        if name:
+            importlib.import_module(name)
 
 
 def get(name: str) -> ToolSpec | None:

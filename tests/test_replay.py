@@ -1,0 +1,61 @@
+"""Determinism guard: every recorded history in ``tests/histories/`` must replay against today's code.
+
+A failure here means the loop's command sequence changed in a way that would
+break runs already in flight. Guard the change with ``workflow.patched`` (see
+README, "Changing the workflow safely"); do not re-record to make this pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.agent import AgentWorkflow
+from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    # The workflow id is an input of the run (approval ids and idempotency keys derive from it),
+    # so replay must use the id the history was recorded under (see scripts/record_histories.py).
+    return WorkflowHistory.from_json(f"history-{path.stem}", json.loads(path.read_text()))
+
+
+def test_there_are_recorded_histories() -> None:
+    assert {p.stem for p in HISTORIES} >= {"tools_and_errors", "approvals", "limit_exceeded"}
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+async def test_recorded_history_replays(path: Path) -> None:
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(load(path), raise_on_replay_failure=True)
+    assert result.replay_failure is None
+
+
+@workflow.defn(name="AgentWorkflow", sandboxed=False)
+class AgentWorkflowWithAnUnguardedTimer(AgentWorkflow):
+    """Today's loop plus one timer before each model turn, added without ``workflow.patched``."""
+
+    @workflow.run
+    async def run(self, inp: AgentInput) -> AgentResult:
+        return await super().run(inp)
+
+    async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
+        await workflow.sleep(1)
+        return await super()._model_turn(inp, carry)
+
+
+async def test_replayer_catches_an_unguarded_change() -> None:
+    """The guard itself works: an unguarded change to what the loop schedules fails the replay."""
+    path = next(p for p in HISTORIES if p.stem == "tools_and_errors")
+    replayer = Replayer(workflows=[AgentWorkflowWithAnUnguardedTimer], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert "nondetermin" in str(result.replay_failure).lower()
