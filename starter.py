@@ -1,9 +1,17 @@
-"""Command line for agent runs: run / status / cancel / list.
+"""Command line for agent runs: run / status / approve / reject / pending / cancel / list.
 
-    python starter.py run "Summarise https://example.com" --follow
+    python starter.py run "Summarise https://example.com" --follow [--approver alice] [--policy FILE]
     python starter.py status RUN_ID [--json]
+    python starter.py pending [RUN_ID] [--json]
+    python starter.py approve RUN_ID [APPROVAL_ID] --reviewer alice [--comment TEXT]
+    python starter.py reject RUN_ID [APPROVAL_ID] --reviewer alice --reason TEXT
     python starter.py cancel RUN_ID
     python starter.py list
+
+``run --follow`` asks for each approval the run waits for when it runs on a
+terminal, and otherwise prints the exact commands that decide it. With
+``AGENT_APPROVAL_KEY`` set, decisions are signed. The approval commands live in
+``durable_agents/approvals_cli.py``.
 
 Every failure is one line on stderr and a non-zero exit: 2 for bad arguments
 or an unreachable server, 1 for a run that does not exist or did not complete.
@@ -23,19 +31,13 @@ from typing import Any, NoReturn
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_agents import approvals_cli
+from durable_agents.approvals_cli import CliError, FollowReviewer
 from durable_agents.client import TemporalUnavailable, connect, exit_process
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, Limits, StatusView
+from workflows.types import AgentInput, AgentResult, Limits, PendingApproval, StatusView
 
 TERMINAL = {"completed", "failed", "cancelled", "limit_exceeded"}
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,10 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--wait", action="store_true", help="wait for the result")
     mode.add_argument("--follow", action="store_true", help="show progress until the run ends")
     run.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    approvals_cli.add_run_options(run)
 
     status = sub.add_parser("status", help="show a run's state")
     status.add_argument("workflow_id")
     status.add_argument("--json", action="store_true")
+
+    approvals_cli.add_commands(sub)
 
     cancel = sub.add_parser("cancel", help="cancel a run (its sandbox is cleaned up)")
     cancel.add_argument("workflow_id")
@@ -105,7 +110,15 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
         limits.max_steps = args.max_steps
     if args.timeout_s:
         limits.timeout_s = args.timeout_s
-    inp = AgentInput(task=args.task, model=args.model, tools=args.tools, limits=limits, tenant=args.tenant)
+    inp = AgentInput(
+        task=args.task,
+        model=args.model,
+        tools=args.tools,
+        limits=limits,
+        tenant=args.tenant,
+        approvers=args.approvers,
+        policy=approvals_cli.load_run_policy(args.policy_file),
+    )
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
     try:
@@ -121,12 +134,31 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"workflow_id": workflow_id, "run_id": handle.result_run_id})
         return 0
-    result = await _follow(handle, quiet=args.json or not args.follow)
+    reviewer = None
+    if args.follow and not args.json:
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        reviewer = FollowReviewer(client, workflow_id, args.reviewer, interactive=interactive)
+    result = await _follow(handle, quiet=args.json or not args.follow, reviewer=reviewer)
     return _report(result, args.json, handle, client)
 
 
-async def _follow(handle: WorkflowHandle[Any, AgentResult], *, quiet: bool) -> AgentResult:
-    """Wait for the result; unless quiet, print each progress change the status query shows."""
+async def _follow(
+    handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None = None
+) -> AgentResult:
+    """Wait for the result; unless quiet, print each progress change the status query shows.
+
+    A reviewer is shown every approval the run starts waiting for (it prompts or prints commands).
+    """
+    try:
+        return await _follow_loop(handle, quiet=quiet, reviewer=reviewer)
+    finally:
+        if reviewer is not None:
+            await reviewer.close()
+
+
+async def _follow_loop(
+    handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None
+) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
     last = ""
     announced = False
@@ -135,7 +167,7 @@ async def _follow(handle: WorkflowHandle[Any, AgentResult], *, quiet: bool) -> A
             view = await handle.query(AgentWorkflow.status)
         except RPCError:
             view = None  # no worker polling yet, or the run just closed
-        if view is not None and not quiet:
+        if view is not None and not quiet and not (reviewer is not None and reviewer.busy):
             if not announced and view.model:
                 announced = True
                 note = (
@@ -148,6 +180,8 @@ async def _follow(handle: WorkflowHandle[Any, AgentResult], *, quiet: bool) -> A
             if line != last:
                 print(line, flush=True)
                 last = line
+        if view is not None and reviewer is not None:
+            reviewer.notice(view.pending_approvals)
         await asyncio.wait({result_task}, timeout=0.5)
     try:
         return result_task.result()
@@ -200,8 +234,16 @@ async def cmd_status(client: Client, args: argparse.Namespace) -> int:
         data = {"workflow_id": args.workflow_id, "state": desc.status.name.lower() if desc.status else "unknown"}
     if args.json:
         _print_json(data)
-    else:
-        for key, value in data.items():
+        return 0
+    for key, value in data.items():
+        if key == "pending_approvals":
+            print(f"{key:>18}: {len(value) or 'none'}")
+            for approval in value:
+                print(f"{'':>20}{approvals_cli.approval_summary(PendingApproval.model_validate(approval))}")
+        elif key == "refused":
+            for index, message in enumerate(value[-5:]):
+                print(f"{key if index == 0 else '':>18}{':' if index == 0 else ' '} {message}")
+        else:
             print(f"{key:>18}: {value}")
     return 0
 
@@ -236,7 +278,15 @@ async def cmd_list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "status": cmd_status, "cancel": cmd_cancel, "list": cmd_list}
+COMMANDS = {
+    "run": cmd_run,
+    "status": cmd_status,
+    "approve": approvals_cli.cmd_approve,
+    "reject": approvals_cli.cmd_reject,
+    "pending": approvals_cli.cmd_pending,
+    "cancel": cmd_cancel,
+    "list": cmd_list,
+}
 
 
 async def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from activities.config import Settings
 from activities.runtime import Runtime, all_activities
 from durable_agents import logs
 from durable_agents.client import TemporalUnavailable, connect, exit_process
+from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
 
 log = structlog.get_logger("worker")
@@ -46,6 +47,7 @@ async def main() -> int:
         log.error("temporal_unavailable", error=str(exc))
         return 2
     runtime = Runtime.from_settings(settings)
+    runtime.search_attributes_ready = await ensure_search_attributes(client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

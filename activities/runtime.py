@@ -17,6 +17,7 @@ class Runtime:
     settings: Settings
     store: RunStore
     providers: ProviderPool
+    search_attributes_ready: bool = False  # set by the worker once it checked the namespace
     _sandbox_backend: SandboxBackend | None = field(default=None, repr=False)
 
     @classmethod

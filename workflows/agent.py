@@ -9,8 +9,7 @@ tool calls and previews only, so it grows linearly with the number of steps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -18,10 +17,11 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from workflows.approvals import ApprovalBook, Outcome, Verdict
-    from workflows.identity import approval_id, idempotency_key, sandbox_id_for
     from workflows.limits import deadline, limit_reason
-    from workflows.narration import cause_text, details_markdown, tool_error, tool_summary
-    from workflows.policy import Decision, Policy, decide, parse_run_policy
+    from workflows.narration import cause_text, details_markdown
+    from workflows.policy import Policy, parse_run_policy
+    from workflows.progress import EventKind, Reporter
+    from workflows.tool_calls import ToolCallRunner
     from workflows.types import (
         AgentInput,
         AgentResult,
@@ -33,21 +33,15 @@ with workflow.unsafe.imports_passed_through():
         Message,
         ModelRequest,
         ModelTurn,
-        PendingApproval,
         RejectSignal,
         ResolveSignal,
         ResultStatus,
         RunConfig,
         RunConfigRequest,
         RunState,
-        SandboxRef,
         SandboxRequest,
-        SideEffect,
         SignatureCheck,
         StatusView,
-        ToolCall,
-        ToolInvocation,
-        ToolOutcome,
         TranscriptEntry,
         Usage,
     )
@@ -70,14 +64,17 @@ DEFAULT_SYSTEM_PROMPT = (
 
 @workflow.defn(name="AgentWorkflow")
 class AgentWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: AgentInput) -> None:
+        self._reporter = Reporter(inp.carry.stream if inp.carry else None)
+        self._tenant = inp.tenant
+        self._search_attributes = False
         self._state: RunState = "running"
         self._step = 0
         self._usage = Usage()
         self._model = ""
         self._output = ""
         self._last_event = "starting"
-        self._sandbox_failure = ""
         self._book = ApprovalBook(approvers=[], signing_required=False)
         self._operator_policy = Policy()
         self._run_policy: Policy | None = None
@@ -126,6 +123,7 @@ class AgentWorkflow:
             request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
         )
         if problem:
+            workflow.logger.warning("refused %s by %r via update: %s", request.decision, request.reviewer, problem)
             raise ValueError(problem)
 
     async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
@@ -141,13 +139,14 @@ class AgentWorkflow:
             message = f"refused {request.decision} by {request.reviewer!r} via {source}: {problem}"
             workflow.logger.warning(message)
             self._book.refuse(message)
+            self._emit("decision_refused", message, approval_id=aid)
             if source == "update":
                 raise ApplicationError(problem, type="DecisionRefused", non_retryable=True)
             return DecideResult(accepted=False, message=problem)
         outcome: Outcome = _OUTCOMES[request.decision]
         self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
         workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
-        self._note(f"{aid} {outcome} by {request.reviewer}")
+        self._emit("approval_decided", f"{aid} {outcome} by {request.reviewer}", approval_id=aid, outcome=outcome)
         return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
 
     async def _signature_problem(self, request: DecideRequest) -> str:
@@ -174,6 +173,9 @@ class AgentWorkflow:
     async def run(self, inp: AgentInput) -> AgentResult:
         carry = inp.carry or await self._fresh_carry(inp)
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
+        self._search_attributes = carry.search_attributes
+        if inp.carry is None:
+            self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}")
         self._book = ApprovalBook(approvers=inp.approvers, signing_required=carry.signing_required)
         self._operator_policy = Policy.model_validate(carry.policy)
         try:
@@ -182,13 +184,14 @@ class AgentWorkflow:
             raise ApplicationError(
                 f"invalid run input: policy: {exc}", type="InvalidInput", non_retryable=True
             ) from None
+        self._tools = ToolCallRunner(self._book, self._emit, self._operator_policy, self._run_policy)
         try:
             return await self._loop(inp, carry)
         except (asyncio.CancelledError, ActivityError) as err:
             if not is_cancelled_exception(err):
                 raise
             # Cleanup must still run: the cancel was delivered to the awaited activity, not to new ones.
-            self._note("cancelled")
+            self._emit("finished", "cancel requested: compensating and cleaning up")
             report = await asyncio.shield(asyncio.ensure_future(self._compensate(carry)))
             await asyncio.shield(asyncio.ensure_future(self._cleanup(carry)))
             return self._finish("cancelled", "the run was cancelled." + report)
@@ -253,6 +256,7 @@ class AgentWorkflow:
             tools=config.tools,
             policy=config.policy,
             signing_required=config.signing_required,
+            search_attributes=config.search_attributes,
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
         )
 
@@ -263,13 +267,14 @@ class AgentWorkflow:
                 await self._cleanup(carry)
                 return self._finish("limit_exceeded", limit)
             if workflow.info().is_continue_as_new_suggested():
-                await workflow.wait_condition(workflow.all_handlers_finished)
                 carry.continued += 1
-                workflow.logger.info("continuing as new after step %d", carry.step)
+                self._emit("continued_as_new", f"continuing as new after step {carry.step}")
+                carry.stream = self._reporter.state_for_continue_as_new()
+                await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 
             self._step = carry.step = carry.step + 1
-            self._note(f"turn {carry.step}: waiting for {carry.model}")
+            self._emit("turn_started", f"turn {carry.step}: waiting for {carry.model}")
             try:
                 turn = await self._model_turn(inp, carry)
             except ActivityError as err:
@@ -282,10 +287,18 @@ class AgentWorkflow:
 
             self._usage = carry.usage = carry.usage.plus(turn.usage)
             carry.transcript_len = turn.message_seq + 1
+            self._emit(
+                "model_answered",
+                f"turn {carry.step}: {carry.model} answered with {len(turn.tool_calls)} tool call(s)",
+                input_tokens=turn.usage.input_tokens,
+                output_tokens=turn.usage.output_tokens,
+                cost_usd=turn.usage.cost_usd,
+                tool_calls=[c.name for c in turn.tool_calls],
+            )
             if not turn.tool_calls:
                 await self._cleanup(carry)
                 return self._finish("completed", turn.text)
-            await self._run_tools(inp, carry, turn)
+            await self._tools.run_turn(inp, carry, turn)
 
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
         request = ModelRequest(
@@ -307,184 +320,6 @@ class AgentWorkflow:
         )
         carry.pending = []
         return turn
-
-    async def _run_tools(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
-        """Every call gets exactly one result at its own position, in call order.
-
-        Policy is decided for the whole turn first, so every call that needs a
-        human is pending at once and can be decided independently. Calls then run
-        one after another because later calls in a turn commonly depend on
-        earlier ones (write a file, then run it).
-        """
-        base = carry.transcript_len
-        decisions = {call.id: self._policy_for(call) for call in turn.tool_calls if not call.error}
-        approvals = {
-            call.id: self._open_approval(inp, carry, call, decisions[call.id])
-            for call in turn.tool_calls
-            if not call.error and decisions[call.id].verdict == "ask"
-        }
-        for index, call in enumerate(turn.tool_calls):
-            seq = base + index
-            refusal = call.error
-            if not refusal and decisions[call.id].verdict == "deny":
-                refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
-            if not refusal and call.id in approvals:
-                refusal = await self._await_approval(carry, call, approvals[call.id])
-            refusal = refusal or await self._ensure_sandbox(inp, carry, call)
-            if refusal:
-                self._note(f"turn {carry.step}: {call.name} not run")
-                carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
-                continue
-            self._note(f"turn {carry.step}: running {call.name}")
-            await self._execute_tool(inp, carry, call, index, seq)
-        carry.transcript_len = base + len(turn.tool_calls)
-
-    def _policy_for(self, call: ToolCall) -> Decision:
-        return decide(self._operator_policy, self._run_policy, call.name, call.arguments, side_effect=call.side_effect)
-
-    def _open_approval(
-        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, kind: str = "tool_call"
-    ) -> str:
-        now = workflow.now()
-        run_ends = datetime.fromtimestamp(deadline(inp.limits, carry), tz=UTC)
-        expires_at = min(now + timedelta(seconds=decision.approval_timeout_s), run_ends)
-        aid = approval_id(workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments)
-        if kind != "tool_call":
-            aid = f"{aid}-{kind.split('_')[0]}{sum(1 for a in self._book.decided if a.startswith(aid))}"
-        self._book.open(
-            PendingApproval(
-                approval_id=aid,
-                tool=call.name,
-                args=call.arguments,
-                requested_at=now.isoformat(),
-                expires_at=expires_at.isoformat(),
-                reviewers=inp.approvers,
-                rule=decision.rule,
-                step=carry.step,
-                call_id=call.id,
-                kind=kind,
-            ),
-            expires_at,
-        )
-        workflow.logger.info("approval %s requested for %s (rule %s)", aid, call.name, decision.rule)
-        return aid
-
-    async def _await_approval(self, carry: Carry, call: ToolCall, aid: str) -> str:
-        """Wait (on a durable timer) for the decision; return refusal text unless approved."""
-        self._note(f"turn {carry.step}: waiting for approval {aid} of {call.name}")
-        remaining = self._book.expires[aid] - workflow.now()
-        if remaining.total_seconds() > 0:
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: aid in self._book.decided, timeout=remaining, timeout_summary=f"approval {aid} expires"
-                )
-        self._book.expire(aid)
-        verdict = self._book.decided[aid]
-        if verdict.outcome in ("approved", "retry", "mark_done", "fail"):
-            return ""
-        if verdict.outcome == "rejected":
-            reason = f": {verdict.note}" if verdict.note else ""
-            return f"Error: {call.name} was rejected by {verdict.reviewer}{reason}. It was not run."
-        expired_at = self._book.pending_expiry(aid)
-        return f"Error: approval {aid} for {call.name} expired at {expired_at} without a decision; it was not run."
-
-    async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
-        workflow_id = workflow.info().workflow_id
-        key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
-        invocation = ToolInvocation(
-            conversation_id=carry.conversation_id,
-            workflow_id=workflow_id,
-            step=carry.step,
-            call_id=call.id,
-            call_index=index,
-            seq=seq,
-            tool=call.name,
-            arguments=call.arguments,
-            idempotency_key=key,
-            sandbox_id=carry.sandbox_id,
-            tenant=inp.tenant,
-        )
-        outcome = await self._invoke(call, invocation)
-        while isinstance(outcome, ToolOutcome) and outcome.unknown:
-            # Never a blind retry: a human says whether it happened.
-            aid = self._open_approval(inp, carry, call, self._policy_for(call), kind="resolve_unknown_outcome")
-            refusal = await self._await_approval(carry, call, aid)
-            verdict = self._book.decided[aid]
-            if verdict.outcome == "expired":
-                outcome = refusal.replace("expired", "(unknown outcome) expired", 1)
-                break
-            note = f"{verdict.reviewer}" + (f" ({verdict.note})" if verdict.note else "")
-            invocation = invocation.model_copy(update={"resolution": verdict.outcome, "resolution_note": note})
-            outcome = await self._invoke(call, invocation)
-        if isinstance(outcome, str):
-            carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, outcome)))
-        elif call.side_effect and outcome.ok:
-            carry.side_effects.append(
-                SideEffect(
-                    tool=call.name,
-                    step=carry.step,
-                    call_id=call.id,
-                    idempotency_key=key,
-                    arguments=call.arguments,
-                    compensable=call.compensable,
-                )
-            )
-
-    async def _invoke(self, call: ToolCall, invocation: ToolInvocation) -> ToolOutcome | str:
-        """The tool activity's outcome, or error text when every attempt failed."""
-        try:
-            outcome: ToolOutcome = await workflow.execute_activity(
-                call.name,
-                invocation,
-                result_type=ToolOutcome,
-                start_to_close_timeout=timedelta(seconds=call.timeout_s),
-                heartbeat_timeout=timedelta(seconds=call.heartbeat_s * 3) if call.heartbeat_s else None,
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=30),
-                    maximum_attempts=call.max_attempts,
-                ),
-                summary=tool_summary(call) + (f" · {invocation.resolution}" if invocation.resolution else ""),
-            )
-        except ActivityError as err:
-            if is_cancelled_exception(err):
-                raise
-            # The activity never stored a result (it stores before completing), so the workflow answers.
-            return f"Error: {call.name} failed after {call.max_attempts} attempts: {cause_text(err)}"
-        return outcome
-
-    async def _ensure_sandbox(self, inp: AgentInput, carry: Carry, call: ToolCall) -> str:
-        """Create the run's sandbox on first use; return an error text if it cannot be had."""
-        if not call.uses_sandbox or carry.sandbox_id:
-            return ""
-        if self._sandbox_failure:
-            return self._sandbox_failure
-        request = SandboxRequest(
-            sandbox_id=sandbox_id_for(carry.conversation_id), conversation_id=carry.conversation_id, tenant=inp.tenant
-        )
-        try:
-            ref = await workflow.execute_activity(
-                "sandbox_create",
-                request,
-                result_type=SandboxRef,
-                start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    maximum_attempts=5,
-                    non_retryable_error_types=["SandboxUnavailable"],
-                ),
-                summary="create sandbox",
-            )
-        except ActivityError as err:
-            if is_cancelled_exception(err):
-                raise
-            self._sandbox_failure = (
-                f"Error: the code sandbox is unavailable, so {call.name} cannot run: {cause_text(err)}"
-            )
-            return self._sandbox_failure
-        carry.sandbox_id = ref.sandbox_id
-        return ""
 
     async def _cleanup(self, carry: Carry) -> None:
         """Kill the sandbox and store workflow-made results; never fails the run."""
@@ -518,9 +353,20 @@ class AgentWorkflow:
     def _remaining(self, inp: AgentInput, carry: Carry) -> timedelta:
         return timedelta(seconds=max(1.0, deadline(inp.limits, carry) - workflow.now().timestamp()))
 
-    def _note(self, event: str) -> None:
-        self._last_event = event
+    def _emit(self, kind: EventKind, text: str, tool: str = "", **data: object) -> None:
+        """One progress event: stream, current details, search attributes."""
+        self._last_event = text
+        self._reporter.publish(kind, self._step, text, tool, **data)
+        view = self.status()
         workflow.set_current_details(self._details())
+        self._reporter.sync_search_attributes(
+            self._search_attributes,
+            state=view.state,
+            pending=len(view.pending_approvals),
+            tenant=self._tenant,
+            model=self._model,
+            cost_usd=self._usage.cost_usd,
+        )
 
     def _details(self) -> str:
         return details_markdown(
@@ -530,7 +376,7 @@ class AgentWorkflow:
     def _finish(self, status: ResultStatus, output: str) -> AgentResult:
         self._state = status
         self._output = output
-        self._note(f"finished: {status}")
+        self._emit("finished", f"finished: {status}", status=status)
         return AgentResult(status=status, output=output, usage=self._usage, steps=self._step)
 
 

@@ -6,8 +6,13 @@ from workflows.types import Carry, Limits
 
 
 def deadline(limits: Limits, carry: Carry) -> float:
-    """Epoch seconds by which the run must end, measured from its first execution."""
-    return carry.started_at + limits.timeout_s
+    """Epoch seconds by which the run must end.
+
+    ``timeout_s`` bounds the run's own working time, measured from its first
+    execution; time spent waiting for a human decision does not count (each
+    approval has its own expiry), so a day-long approval wait does not kill a run.
+    """
+    return carry.started_at + limits.timeout_s + carry.waited_s
 
 
 def limit_reason(limits: Limits, carry: Carry, now: float) -> str:

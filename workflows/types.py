@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 RunState = Literal["running", "waiting_approval", "completed", "failed", "cancelled", "limit_exceeded"]
 ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
@@ -75,6 +76,9 @@ class Carry(BaseModel):
     policy: dict[str, Any] = Field(default_factory=dict)  # operator policy snapshot taken at start
     signing_required: bool = False
     side_effects: list[SideEffect] = Field(default_factory=list)
+    search_attributes: bool = False
+    waited_s: float = 0.0  # time spent waiting for human decisions (not counted against timeout_s)
+    stream: WorkflowStreamState | None = None  # progress events carried to the next run
     continued: int = 0
 
 
@@ -223,6 +227,7 @@ class RunConfig(BaseModel):
     tools: list[str]
     policy: dict[str, Any] = Field(default_factory=dict)  # the operator's policy (workflows.policy.Policy)
     signing_required: bool = False
+    search_attributes: bool = False  # the worker found the Agent* search attributes registered
 
 
 class ModelRequest(BaseModel):

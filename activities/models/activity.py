@@ -48,6 +48,7 @@ class ModelActivities:
             tools=known if req.tools is None else list(dict.fromkeys(req.tools)),
             policy=load_policy(self._rt.settings.policy_file),
             signing_required=self._rt.settings.approval_key is not None,
+            search_attributes=self._rt.search_attributes_ready,
         )
 
     @activity.defn(name="model")

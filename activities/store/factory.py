@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from activities.store.base import RunStore, StoreError
+from activities.store.base import RunStore
 from activities.store.sqlite import SQLiteRunStore
 
 
 def open_store(url: str) -> RunStore:
-    """A SQLite path (or ``sqlite:///path``) opens the embedded store.
+    """A SQLite path (or ``sqlite:///path``) opens the embedded store; a ``postgresql://`` URL the shared one.
 
-    ``postgresql://`` URLs are reserved for the PostgreSQL backend.
+    Neither connects here: the PostgreSQL store opens its pool (and migrates) on first use.
     """
     if url.startswith(("postgresql://", "postgres://")):
-        raise StoreError("the PostgreSQL run store is not available in this version; use a SQLite path")
+        from activities.store.postgres import PostgresRunStore
+
+        return PostgresRunStore(url)
     path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
     return SQLiteRunStore(path)

@@ -1,0 +1,297 @@
+"""PostgreSQL run store: for workers spread over several machines.
+
+Same semantics as the SQLite store (``activities.store.sqlite``), with the claim
+decided in one transaction: ``INSERT ... ON CONFLICT DO NOTHING`` for a new key,
+else ``SELECT ... FOR UPDATE`` on the existing row and an ``UPDATE``. The pool
+opens on first use, which also applies any missing schema migration.
+
+Messages and meta are JSON in ``text`` columns rather than ``jsonb``: ``jsonb``
+rejects ``\\u0000``, which a tool's output may well contain. Raw text columns
+(ledger ``result``/``note``) cannot hold NUL at all, so NUL is stored as U+FFFD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from activities.store.base import StoredMessage, StoreError
+from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
+from workflows.types import Message
+
+Connection = psycopg.AsyncConnection[TupleRow]
+
+# Ordered: version N is _MIGRATIONS[N - 1]. Append only; never edit an applied one.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE transcript (
+        conversation_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (conversation_id, seq)
+    );
+    CREATE TABLE ledger (
+        id BIGINT GENERATED ALWAYS AS IDENTITY,
+        key TEXT PRIMARY KEY,
+        tool TEXT NOT NULL,
+        args_hash TEXT NOT NULL,
+        workflow_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        lease_until DOUBLE PRECISION NOT NULL,
+        executions INTEGER NOT NULL DEFAULT 0,
+        result TEXT NOT NULL DEFAULT '',
+        is_error BOOLEAN NOT NULL DEFAULT FALSE,
+        note TEXT NOT NULL DEFAULT '',
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ledger_workflow ON ledger (workflow_id, id);
+    """,
+)
+# pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
+_MIGRATION_LOCK = 0x6167656E746D6967
+_LEDGER_COLUMNS = (
+    "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
+)
+_CONNECT_TIMEOUT_S = 10
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the URL, its query or a ``password=`` conninfo) replaced by ``***``."""
+    try:
+        if "://" not in url:
+            params = psycopg.conninfo.conninfo_to_dict(url)
+            return psycopg.conninfo.make_conninfo("", **{k: "***" if k == "password" else v for k, v in params.items()})
+        parts = urlsplit(url)
+        if parts.password:
+            user = quote(parts.username or "", safe="")
+            parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}")
+        query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        return urlunsplit(parts._replace(query=urlencode(query, safe="/:*")))
+    except (ValueError, psycopg.ProgrammingError):
+        return "<unparseable PostgreSQL URL>"
+
+
+def _text(value: str) -> str:
+    return value.replace("\x00", "\ufffd")
+
+
+class PostgresRunStore:
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self._url = url
+        self._shown = redact_url(url)
+        try:
+            self._secret = str(psycopg.conninfo.conninfo_to_dict(url).get("password") or "")
+        except psycopg.ProgrammingError:
+            raise StoreError(f"invalid PostgreSQL URL {self._shown}") from None
+        self._sizes = (min_size, max_size)
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        text = f"{what} (PostgreSQL run store {self._shown}): {exc}"
+        return StoreError(text.replace(self._secret, "***") if self._secret else text)
+
+    async def _ready(self) -> AsyncConnectionPool[Connection]:
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._closed:
+                raise StoreError("the PostgreSQL run store is closed")
+            if self._pool is None:
+                try:
+                    async with await psycopg.AsyncConnection.connect(
+                        self._url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S
+                    ) as conn:
+                        await self._migrate(conn)
+                except psycopg.Error as exc:
+                    raise self._error("cannot open the run store", exc) from None
+                pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+                    self._url,
+                    min_size=self._sizes[0],
+                    max_size=self._sizes[1],
+                    kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S},
+                    check=AsyncConnectionPool.check_connection,
+                    open=False,
+                    name="run-store",
+                )
+                try:
+                    await pool.open(wait=True, timeout=_CONNECT_TIMEOUT_S)
+                except PoolTimeout as exc:
+                    await pool.close()
+                    raise self._error("cannot open the connection pool", exc) from None
+                self._pool = pool
+        return self._pool
+
+    @staticmethod
+    async def _migrate(conn: Connection) -> None:
+        """Apply the missing migrations in one transaction; the advisory lock serialises concurrent starters."""
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations"
+                " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute("SELECT version FROM schema_migrations")
+            applied = {row[0] for row in await cur.fetchall()}
+            for version, sql in enumerate(_MIGRATIONS, start=1):
+                if version not in applied:
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Connection]:
+        pool = await self._ready()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise self._error("run store unavailable", exc) from None
+
+    # --- transcript -----------------------------------------------------------------
+
+    @staticmethod
+    def _message(row: tuple[Any, ...]) -> StoredMessage:
+        return StoredMessage(seq=row[0], message=Message.model_validate_json(row[1]), meta=json.loads(row[2]))
+
+    async def put_message(
+        self, conversation_id: str, seq: int, message: Message, meta: dict[str, object] | None = None
+    ) -> StoredMessage:
+        async with self._conn() as conn:
+            # Two statements, not one: the SELECT needs a snapshot taken after a concurrent winner committed.
+            cur = await conn.execute(
+                "INSERT INTO transcript (conversation_id, seq, message, meta) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (conversation_id, seq) DO NOTHING RETURNING seq, message, meta",
+                (conversation_id, seq, message.model_dump_json(), json.dumps(meta or {})),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                cur = await conn.execute(
+                    "SELECT seq, message, meta FROM transcript WHERE conversation_id = %s AND seq = %s",
+                    (conversation_id, seq),
+                )
+                row = await cur.fetchone()
+        if row is None:
+            raise StoreError(f"transcript {conversation_id} entry {seq} vanished after insert")
+        return self._message(row)
+
+    async def get_message(self, conversation_id: str, seq: int) -> StoredMessage | None:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = %s AND seq = %s",
+                (conversation_id, seq),
+            )
+            row = await cur.fetchone()
+        return self._message(row) if row else None
+
+    async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = %s AND seq < %s ORDER BY seq",
+                (conversation_id, upto),
+            )
+            rows = await cur.fetchall()
+        found = [self._message(r) for r in rows]
+        if [m.seq for m in found] != list(range(upto)):
+            missing = sorted(set(range(upto)) - {m.seq for m in found})
+            raise StoreError(f"transcript {conversation_id} is missing entries {missing[:10]}")
+        return found
+
+    # --- ledger ---------------------------------------------------------------------
+
+    @staticmethod
+    def _entry(row: tuple[Any, ...]) -> LedgerEntry:
+        return LedgerEntry(**dict(zip(_LEDGER_COLUMNS.split(", "), row, strict=True)))
+
+    async def claim(self, request: ClaimRequest) -> Claim:
+        r = request
+        async with self._conn() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO ledger (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until)"
+                " VALUES (%s, %s, %s, %s, 'intent', %s, %s, %s)"
+                f" ON CONFLICT (key) DO NOTHING RETURNING {_LEDGER_COLUMNS}",
+                (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, time.time() + r.lease_s),
+            )
+            row = await cur.fetchone()
+            if row is not None:
+                return Claim(status="fresh", entry=self._entry(row))
+            # The key exists (possibly just committed by a concurrent claimer): lock it and decide.
+            cur = await conn.execute(f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE key = %s FOR UPDATE", (r.key,))
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"ledger key {r.key} vanished during claim")
+            current = self._entry(row)
+            now = time.time()
+            status: ClaimStatus
+            if r.force:
+                status = "fresh"
+            elif current.state == "done":
+                return Claim(status="done", entry=current)
+            elif current.state == "intent" and current.lease_until > now and current.owner != r.owner:
+                return Claim(status="busy", entry=current)
+            else:
+                status = "recovered"
+            cur = await conn.execute(
+                "UPDATE ledger SET state = 'intent', owner = %s, attempt = %s, lease_until = %s, updated_at = now()"
+                f" WHERE key = %s RETURNING {_LEDGER_COLUMNS}",
+                (r.owner, r.attempt, now + r.lease_s, r.key),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return Claim(status=status, entry=self._entry(row))
+
+    async def started(self, key: str, owner: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "UPDATE ledger SET executions = executions + 1 WHERE key = %s AND owner = %s", (key, owner)
+            )
+
+    async def renew(self, key: str, owner: str, lease_s: float) -> bool:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "UPDATE ledger SET lease_until = %s WHERE key = %s AND owner = %s AND state = 'intent'",
+                (time.time() + lease_s, key, owner),
+            )
+        return cur.rowcount == 1
+
+    async def finish(
+        self, key: str, owner: str, state: LedgerState, result: str, is_error: bool, note: str = ""
+    ) -> None:
+        async with self._conn() as conn:
+            # The first recorded outcome wins: a zombie finishing late cannot overwrite it.
+            await conn.execute(
+                "UPDATE ledger SET state = %s, result = %s, is_error = %s, note = %s, lease_until = 0,"
+                " updated_at = now() WHERE key = %s AND state != 'done'",
+                (state, _text(result), is_error, _text(note), key),
+            )
+
+    async def ledger(self, workflow_id: str | None = None) -> list[LedgerEntry]:
+        async with self._conn() as conn:
+            if workflow_id is None:
+                cur = await conn.execute(f"SELECT {_LEDGER_COLUMNS} FROM ledger ORDER BY id")
+            else:
+                cur = await conn.execute(
+                    f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE workflow_id = %s ORDER BY id", (workflow_id,)
+                )
+            rows = await cur.fetchall()
+        return [self._entry(r) for r in rows]
+
+    async def close(self) -> None:
+        async with self._opening:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()

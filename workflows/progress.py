@@ -1,0 +1,98 @@
+"""What a run tells the outside while it works: progress events and search attributes.
+
+Events go to a durable Workflow Stream (``temporalio.contrib.workflow_streams``,
+topic ``progress``) that ``starter.py watch`` subscribes to and that is carried
+across continue-as-new. Search attributes make runs filterable in the UI and
+``temporal workflow list --query "AgentState='waiting_approval'"``; they are only
+written when the worker found them registered, and only when a value changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
+from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
+
+EventKind = Literal[
+    "started",
+    "turn_started",
+    "model_answered",
+    "tool_decided",
+    "tool_started",
+    "tool_finished",
+    "approval_requested",
+    "approval_decided",
+    "decision_refused",
+    "continued_as_new",
+    "finished",
+]
+TOPIC = "progress"
+STREAM_RETAIN = 500  # events kept (and carried across continue-as-new) for late subscribers
+
+STATE = SearchAttributeKey.for_keyword("AgentState")
+PENDING_APPROVALS = SearchAttributeKey.for_int("AgentPendingApprovals")
+TENANT = SearchAttributeKey.for_keyword("AgentTenant")
+MODEL = SearchAttributeKey.for_keyword("AgentModel")
+COST_USD = SearchAttributeKey.for_float("AgentCostUsd")
+SEARCH_ATTRIBUTES = {
+    STATE.name: "Keyword",
+    PENDING_APPROVALS.name: "Int",
+    TENANT.name: "Keyword",
+    MODEL.name: "Keyword",
+    COST_USD.name: "Double",
+}
+SEARCH_ATTRIBUTES_PATCH = "search-attributes-v1"
+
+
+class ProgressEvent(BaseModel):
+    kind: EventKind
+    step: int
+    text: str
+    at: str = ""  # workflow time, ISO 8601
+    tool: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Reporter:
+    """Publishes events and keeps search attributes current. Construct from the workflow's ``__init__``."""
+
+    def __init__(self, prior: WorkflowStreamState | None) -> None:
+        # WorkflowStream checks that it is built from an ``__init__``; this one is called from the workflow's.
+        self.stream = WorkflowStream(prior_state=prior)
+        self._topic = self.stream.topic(TOPIC, type=ProgressEvent)
+        self._published: tuple[Any, ...] | None = None
+        self._offset = prior.base_offset + len(prior.log) if prior is not None else 0
+
+    def publish(self, kind: EventKind, step: int, text: str, tool: str = "", **data: Any) -> None:
+        event = ProgressEvent(kind=kind, step=step, text=text, at=workflow.now().isoformat(), tool=tool, data=data)
+        self._topic.publish(event)
+        self._offset += 1
+
+    def state_for_continue_as_new(self) -> WorkflowStreamState:
+        self.stream.detach_pollers()
+        if self._offset > STREAM_RETAIN:
+            self.stream.truncate(self._offset - STREAM_RETAIN)
+        return self.stream.get_state()
+
+    def sync_search_attributes(
+        self, enabled: bool, *, state: str, pending: int, tenant: str, model: str, cost_usd: float
+    ) -> None:
+        """Upsert only changed values; runs recorded before this existed replay without upserts."""
+        if not enabled or not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            return
+        values = (state, pending, tenant, model, round(cost_usd, 6))
+        if values == self._published:
+            return
+        self._published = values
+        updates: list[SearchAttributeUpdate[Any]] = [
+            STATE.value_set(state),
+            PENDING_APPROVALS.value_set(pending),
+            MODEL.value_set(model),
+            COST_USD.value_set(round(cost_usd, 6)),
+        ]
+        if tenant:
+            updates.append(TENANT.value_set(tenant))
+        workflow.upsert_search_attributes(updates)

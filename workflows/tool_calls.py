@@ -1,0 +1,243 @@
+"""One model turn's tool calls: policy, approvals, the sandbox, execution, unknown outcomes.
+
+Deterministic workflow code, used by ``AgentWorkflow``. Every call gets exactly
+one result at its own transcript position, whatever happens to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, is_cancelled_exception
+
+from workflows.approvals import ApprovalBook
+from workflows.identity import approval_id, idempotency_key, sandbox_id_for
+from workflows.narration import cause_text, tool_error, tool_summary
+from workflows.policy import Decision, Policy, decide
+from workflows.types import (
+    AgentInput,
+    Carry,
+    ModelTurn,
+    PendingApproval,
+    SandboxRef,
+    SandboxRequest,
+    SideEffect,
+    ToolCall,
+    ToolInvocation,
+    ToolOutcome,
+    TranscriptEntry,
+)
+
+Emit = Callable[..., None]
+
+
+class ToolCallRunner:
+    def __init__(self, book: ApprovalBook, emit: Emit, operator_policy: Policy, run_policy: Policy | None) -> None:
+        self.book = book
+        self.emit = emit
+        self.operator_policy = operator_policy
+        self.run_policy = run_policy
+        self.sandbox_failure = ""
+
+    async def run_turn(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
+        """Every call gets exactly one result at its own position, in call order.
+
+        Policy is decided for the whole turn first, so every call that needs a
+        human is pending at once and can be decided independently. Calls then run
+        one after another because later calls in a turn commonly depend on
+        earlier ones (write a file, then run it).
+        """
+        base = carry.transcript_len
+        decisions = {call.id: self._policy_for(call) for call in turn.tool_calls if not call.error}
+        for call in turn.tool_calls:
+            if call.id in decisions:
+                verdict = decisions[call.id]
+                text = f"turn {carry.step}: {tool_summary(call)} → {verdict.verdict} (rule {verdict.rule})"
+                self.emit("tool_decided", text, call.name, verdict=verdict.verdict, rule=verdict.rule)
+        approvals = {
+            call.id: self._open_approval(inp, carry, call, decisions[call.id])
+            for call in turn.tool_calls
+            if not call.error and decisions[call.id].verdict == "ask"
+        }
+        for index, call in enumerate(turn.tool_calls):
+            seq = base + index
+            refusal = call.error
+            if not refusal and decisions[call.id].verdict == "deny":
+                refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
+            if not refusal and call.id in approvals:
+                refusal = await self._await_approval(carry, call, approvals[call.id])
+            refusal = refusal or await self._ensure_sandbox(inp, carry, call)
+            if refusal:
+                self.emit("tool_finished", f"turn {carry.step}: {call.name} not run", call.name, ok=False)
+                carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
+                continue
+            self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
+            await self._execute_tool(inp, carry, call, index, seq)
+        carry.transcript_len = base + len(turn.tool_calls)
+
+    def _policy_for(self, call: ToolCall) -> Decision:
+        return decide(self.operator_policy, self.run_policy, call.name, call.arguments, side_effect=call.side_effect)
+
+    def _open_approval(
+        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, kind: str = "tool_call"
+    ) -> str:
+        now = workflow.now()
+        expires_at = now + timedelta(seconds=decision.approval_timeout_s)
+        aid = approval_id(workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments)
+        if kind != "tool_call":
+            aid = f"{aid}-{kind.split('_')[0]}{sum(1 for a in self.book.decided if a.startswith(aid))}"
+        self.book.open(
+            PendingApproval(
+                approval_id=aid,
+                tool=call.name,
+                args=call.arguments,
+                requested_at=now.isoformat(),
+                expires_at=expires_at.isoformat(),
+                reviewers=inp.approvers,
+                rule=decision.rule,
+                step=carry.step,
+                call_id=call.id,
+                kind=kind,
+            ),
+            expires_at,
+        )
+        workflow.logger.info("approval %s requested for %s (rule %s)", aid, call.name, decision.rule)
+        return aid
+
+    async def _await_approval(self, carry: Carry, call: ToolCall, aid: str) -> str:
+        """Wait (on a durable timer) for the decision; return refusal text unless approved."""
+        self.emit(
+            "approval_requested",
+            f"turn {carry.step}: waiting for approval {aid} of {call.name}",
+            call.name,
+            approval_id=aid,
+            expires_at=self.book.pending_expiry(aid),
+        )
+        began = workflow.now()
+        remaining = self.book.expires[aid] - began
+        if remaining.total_seconds() > 0:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: aid in self.book.decided, timeout=remaining, timeout_summary=f"approval {aid} expires"
+                )
+        carry.waited_s += (workflow.now() - began).total_seconds()
+        self.book.expire(aid)
+        verdict = self.book.decided[aid]
+        if verdict.outcome in ("approved", "retry", "mark_done", "fail"):
+            return ""
+        if verdict.outcome == "rejected":
+            reason = f": {verdict.note}" if verdict.note else ""
+            return f"Error: {call.name} was rejected by {verdict.reviewer}{reason}. It was not run."
+        expired_at = self.book.pending_expiry(aid)
+        return f"Error: approval {aid} for {call.name} expired at {expired_at} without a decision; it was not run."
+
+    async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
+        workflow_id = workflow.info().workflow_id
+        key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
+        invocation = ToolInvocation(
+            conversation_id=carry.conversation_id,
+            workflow_id=workflow_id,
+            step=carry.step,
+            call_id=call.id,
+            call_index=index,
+            seq=seq,
+            tool=call.name,
+            arguments=call.arguments,
+            idempotency_key=key,
+            sandbox_id=carry.sandbox_id,
+            tenant=inp.tenant,
+        )
+        outcome = await self._invoke(call, invocation)
+        while isinstance(outcome, ToolOutcome) and outcome.unknown:
+            # Never a blind retry: a human says whether it happened.
+            aid = self._open_approval(inp, carry, call, self._policy_for(call), kind="resolve_unknown_outcome")
+            refusal = await self._await_approval(carry, call, aid)
+            verdict = self.book.decided[aid]
+            if verdict.outcome == "expired":
+                outcome = refusal.replace("expired", "(unknown outcome) expired", 1)
+                break
+            note = f"{verdict.reviewer}" + (f" ({verdict.note})" if verdict.note else "")
+            invocation = invocation.model_copy(update={"resolution": verdict.outcome, "resolution_note": note})
+            outcome = await self._invoke(call, invocation)
+        ok = isinstance(outcome, ToolOutcome) and outcome.ok
+        preview = outcome if isinstance(outcome, str) else outcome.preview
+        self.emit(
+            "tool_finished",
+            f"turn {carry.step}: {call.name} {'ok' if ok else 'failed'}",
+            call.name,
+            ok=ok,
+            preview=preview[:200],
+        )
+        if isinstance(outcome, str):
+            carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, outcome)))
+        elif call.side_effect and outcome.ok:
+            carry.side_effects.append(
+                SideEffect(
+                    tool=call.name,
+                    step=carry.step,
+                    call_id=call.id,
+                    idempotency_key=key,
+                    arguments=call.arguments,
+                    compensable=call.compensable,
+                )
+            )
+
+    async def _invoke(self, call: ToolCall, invocation: ToolInvocation) -> ToolOutcome | str:
+        """The tool activity's outcome, or error text when every attempt failed."""
+        try:
+            outcome: ToolOutcome = await workflow.execute_activity(
+                call.name,
+                invocation,
+                result_type=ToolOutcome,
+                start_to_close_timeout=timedelta(seconds=call.timeout_s),
+                heartbeat_timeout=timedelta(seconds=call.heartbeat_s * 3) if call.heartbeat_s else None,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=30),
+                    maximum_attempts=call.max_attempts,
+                ),
+                summary=tool_summary(call) + (f" · {invocation.resolution}" if invocation.resolution else ""),
+            )
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            # The activity never stored a result (it stores before completing), so the workflow answers.
+            return f"Error: {call.name} failed after {call.max_attempts} attempts: {cause_text(err)}"
+        return outcome
+
+    async def _ensure_sandbox(self, inp: AgentInput, carry: Carry, call: ToolCall) -> str:
+        """Create the run's sandbox on first use; return an error text if it cannot be had."""
+        if not call.uses_sandbox or carry.sandbox_id:
+            return ""
+        if self.sandbox_failure:
+            return self.sandbox_failure
+        request = SandboxRequest(
+            sandbox_id=sandbox_id_for(carry.conversation_id), conversation_id=carry.conversation_id, tenant=inp.tenant
+        )
+        try:
+            ref = await workflow.execute_activity(
+                "sandbox_create",
+                request,
+                result_type=SandboxRef,
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    maximum_attempts=5,
+                    non_retryable_error_types=["SandboxUnavailable"],
+                ),
+                summary="create sandbox",
+            )
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            self.sandbox_failure = (
+                f"Error: the code sandbox is unavailable, so {call.name} cannot run: {cause_text(err)}"
+            )
+            return self.sandbox_failure
+        carry.sandbox_id = ref.sandbox_id
+        return ""
