@@ -149,3 +149,44 @@ def test_starter_errors_are_one_line(worker_env: tuple[Cli, Path]) -> None:
 
     not_running = cli.starter("cancel", "no-such-run")
     assert not_running.returncode == 1 and "no run with id" in not_running.stderr
+
+
+def test_bad_input_and_bad_signals_are_refused_cleanly(worker_env: tuple[Cli, Path], llm: FakeLLMServer) -> None:
+    cli, _ = worker_env
+    queue = cli.env["AGENT_TASK_QUEUE"]
+    # A start without `task` fails the run at once with the reason (it does not retry a task forever).
+    started = cli.temporal(
+        "workflow", "start", "--type", "AgentWorkflow", "--task-queue", queue,
+        "--workflow-id", "e2e-bad-input", "--input", '{"tsk": "typo"}',
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    result = cli.temporal("workflow", "result", "--workflow-id", "e2e-bad-input")
+    assert result.returncode != 0
+    assert "invalid run input: task: Field required" in result.stdout + result.stderr
+
+    # A malformed signal is dropped and logged; the run goes on and completes.
+    llm.enqueue(Scripted(tool_calls=[("http_request", '{"method": "POST", "url": "http://127.0.0.1:9/x"}')]))
+    llm.enqueue(Scripted(text="finished anyway"))
+    cli.temporal(
+        "workflow", "start", "--type", "AgentWorkflow", "--task-queue", queue,
+        "--workflow-id", "e2e-bad-signal", "--input", '{"task": "post something"}',
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    pending: list[dict[str, Any]] = []
+    while not pending and time.monotonic() < deadline:
+        query = cli.temporal("workflow", "query", "--workflow-id", "e2e-bad-signal", "--name", "status", "-o", "json")
+        if query.returncode == 0:
+            pending = json.loads(query.stdout)["queryResult"][0]["pending_approvals"]
+        time.sleep(0.2)
+    assert pending, "the POST should be waiting for approval"
+    garbage = cli.temporal(
+        "workflow", "signal", "--workflow-id", "e2e-bad-signal", "--name", "approve", "--input", '{"reviewer": 7}'
+    )
+    assert garbage.returncode == 0  # Temporal accepts the signal; the workflow refuses it
+    reject = cli.temporal(
+        "workflow", "signal", "--workflow-id", "e2e-bad-signal", "--name", "reject",
+        "--input", json.dumps({"approval_id": pending[0]["approval_id"], "reviewer": "alice", "reason": "no"}),
+    )  # fmt: skip
+    assert reject.returncode == 0
+    final = cli.temporal("workflow", "result", "--workflow-id", "e2e-bad-signal", "-o", "json")
+    assert final.returncode == 0 and "finished anyway" in final.stdout

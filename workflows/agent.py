@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from workflows.approvals import ApprovalBook, Outcome, Verdict
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
@@ -65,9 +68,10 @@ DEFAULT_SYSTEM_PROMPT = (
 @workflow.defn(name="AgentWorkflow")
 class AgentWorkflow:
     @workflow.init
-    def __init__(self, inp: AgentInput) -> None:
-        self._reporter = Reporter(inp.carry.stream if inp.carry else None)
-        self._tenant = inp.tenant
+    def __init__(self, raw: AgentInput | dict[str, Any]) -> None:
+        carry = raw.carry if isinstance(raw, AgentInput) else None
+        self._reporter = Reporter(carry.stream if carry else None)
+        self._tenant = raw.tenant if isinstance(raw, AgentInput) else ""
         self._search_attributes = False
         self._state: RunState = "running"
         self._step = 0
@@ -170,7 +174,11 @@ class AgentWorkflow:
     # --- the loop --------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: AgentInput) -> AgentResult:
+    async def run(self, raw: AgentInput | dict[str, Any]) -> AgentResult:
+        """Run the agent. ``raw`` decodes as ``AgentInput``; anything else (a malformed start from the
+        Temporal CLI) arrives as a dict so the run fails with a readable error instead of retrying a
+        workflow task forever."""
+        inp = _validated(raw)
         carry = inp.carry or await self._fresh_carry(inp)
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
         self._search_attributes = carry.search_attributes
@@ -378,6 +386,18 @@ class AgentWorkflow:
         self._output = output
         self._emit("finished", f"finished: {status}", status=status)
         return AgentResult(status=status, output=output, usage=self._usage, steps=self._step)
+
+
+def _validated(raw: AgentInput | dict[str, Any]) -> AgentInput:
+    if isinstance(raw, AgentInput):
+        return raw
+    try:
+        return AgentInput.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors(include_url=False)
+        )
+        raise ApplicationError(f"invalid run input: {problems}", type="InvalidInput", non_retryable=True) from None
 
 
 _OUTCOMES: dict[str, Outcome] = {
