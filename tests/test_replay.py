@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -44,8 +45,8 @@ class AgentWorkflowWithAnUnguardedTimer(AgentWorkflow):
     """Today's loop plus one timer before each model turn, added without ``workflow.patched``."""
 
     @workflow.run
-    async def run(self, inp: AgentInput) -> AgentResult:
-        return await super().run(inp)
+    async def run(self, raw: AgentInput | dict[str, Any]) -> AgentResult:
+        return await super().run(raw)
 
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
         await workflow.sleep(1)
