@@ -1,6 +1,7 @@
 """Command line for agent runs: run / status / approve / reject / pending / cancel / list.
 
     python starter.py run "Summarise https://example.com" --follow [--approver alice] [--policy FILE]
+    python starter.py watch RUN_ID [--json] [--from N]
     python starter.py status RUN_ID [--json]
     python starter.py pending [RUN_ID] [--json]
     python starter.py approve RUN_ID [APPROVAL_ID] --reviewer alice [--comment TEXT]
@@ -8,10 +9,12 @@
     python starter.py cancel RUN_ID
     python starter.py list
 
-``run --follow`` asks for each approval the run waits for when it runs on a
-terminal, and otherwise prints the exact commands that decide it. With
-``AGENT_APPROVAL_KEY`` set, decisions are signed. The approval commands live in
-``durable_agents/approvals_cli.py``.
+``run --follow`` prints the run's progress events as they happen (the run's
+durable progress stream, as ``watch`` does) and asks for each approval the run
+waits for when it runs on a terminal, and otherwise prints the exact commands
+that decide it. With ``AGENT_APPROVAL_KEY`` set, decisions are signed. The
+approval commands live in ``durable_agents/approvals_cli.py``, the progress
+rendering in ``durable_agents/watch.py``.
 
 Every failure is one line on stderr and a non-zero exit: 2 for bad arguments
 or an unreachable server, 1 for a run that does not exist or did not complete.
@@ -28,16 +31,30 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agents import approvals_cli
-from durable_agents.approvals_cli import CliError, FollowReviewer
+from durable_agents import approvals_cli, logs, telemetry
+from durable_agents.approvals_cli import QUERY_TIMEOUT, CliError, FollowReviewer
 from durable_agents.client import TemporalUnavailable, connect, exit_process
+from durable_agents.watch import EventPrinter, events, mode_for, watch
 from workflows.agent import AgentWorkflow
+from workflows.progress import ProgressEvent
 from workflows.types import AgentInput, AgentResult, Limits, PendingApproval, StatusView
 
 TERMINAL = {"completed", "failed", "cancelled", "limit_exceeded"}
+SUMMARY_CHARS = 120
+DETAILS_TASK_CHARS = 2000
+SECRET_VARIABLES = ("AGENT_APPROVAL_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "E2B_API_KEY")
+DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print machine-readable JSON")
     approvals_cli.add_run_options(run)
 
+    watching = sub.add_parser("watch", help="stream a run's progress events until it ends")
+    watching.add_argument("workflow_id")
+    watching.add_argument("--json", action="store_true", help="one JSON object per event (ProgressEvent)")
+    watching.add_argument(
+        "--from", dest="from_offset", type=_offset, default=0, metavar="N", help="start at event offset N (default 0)"
+    )
+
     status = sub.add_parser("status", help="show a run's state")
     status.add_argument("workflow_id")
     status.add_argument("--json", action="store_true")
@@ -85,6 +109,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an offset (0 or more), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an offset (0 or more), got {text!r}")
     return value
 
 
@@ -122,7 +156,14 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
     try:
-        handle = await client.start_workflow(AgentWorkflow.run, inp, id=workflow_id, task_queue=task_queue)
+        handle = await client.start_workflow(
+            AgentWorkflow.run,
+            inp,
+            id=workflow_id,
+            task_queue=task_queue,
+            static_summary=static_summary(inp),
+            static_details=static_details(inp),
+        )
     except RPCError as err:
         if err.status == RPCStatusCode.ALREADY_EXISTS:
             raise CliError(f"a run with id {workflow_id!r} is already running") from None
@@ -138,44 +179,155 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
     if args.follow and not args.json:
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         reviewer = FollowReviewer(client, workflow_id, args.reviewer, interactive=interactive)
-    result = await _follow(handle, quiet=args.json or not args.follow, reviewer=reviewer)
+    result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer)
     return _report(result, args.json, handle, client)
 
 
+def static_summary(inp: AgentInput) -> str:
+    """The run list's one line: the task, on one line, trimmed."""
+    task = " ".join(inp.task.split())
+    return task if len(task) <= SUMMARY_CHARS else task[: SUMMARY_CHARS - 1] + "…"
+
+
+def static_details(inp: AgentInput) -> str:
+    """Markdown shown on the run's page: the task, the model and the limits it runs under."""
+    task = inp.task if len(inp.task) <= DETAILS_TASK_CHARS else inp.task[:DETAILS_TASK_CHARS] + "…"
+    limits = inp.limits
+    lines = [
+        "**task**",
+        "",
+        *(f"> {line}" if line else ">" for line in task.splitlines()),
+        "",
+        f"**model** {inp.model or 'the worker default (AGENT_MODEL)'}",
+        "",
+        f"**limits** {limits.max_steps} steps · {limits.max_tokens} tokens · ${limits.max_cost_usd:g}"
+        f" · {limits.timeout_s} s",
+        "",
+        f"**tools** {', '.join(inp.tools) if inp.tools is not None else 'all registered'}",
+    ]
+    if inp.tenant:
+        lines += ["", f"**tenant** {inp.tenant}"]
+    if inp.approvers:
+        lines += ["", f"**approvers** {', '.join(inp.approvers)}"]
+    if inp.policy:
+        lines += ["", f"**run policy** {len(inp.policy.get('rules', []))} rule(s)"]
+    return "\n".join(lines)
+
+
 async def _follow(
-    handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None = None
+    client: Client, handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None = None
 ) -> AgentResult:
-    """Wait for the result; unless quiet, print each progress change the status query shows.
+    """Wait for the result; unless quiet, print the run's progress events as they happen.
 
     A reviewer is shown every approval the run starts waiting for (it prompts or prints commands).
     """
     try:
-        return await _follow_loop(handle, quiet=quiet, reviewer=reviewer)
+        if quiet:
+            return await _result(handle, asyncio.ensure_future(handle.result()))
+        return await _follow_stream(client, handle, reviewer=reviewer)
     finally:
         if reviewer is not None:
             await reviewer.close()
 
 
-async def _follow_loop(
-    handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None
+async def _result(handle: WorkflowHandle[Any, AgentResult], result_task: asyncio.Future[AgentResult]) -> AgentResult:
+    try:
+        return await result_task
+    except WorkflowFailureError as err:
+        raise CliError(f"run {handle.id} failed: {err.cause}") from None
+
+
+class _FollowPrinter:
+    """Progress lines for ``run --follow``: held while an approval prompt is open, then printed in order."""
+
+    def __init__(self, handle: WorkflowHandle[Any, AgentResult], reviewer: FollowReviewer | None) -> None:
+        self.handle, self.reviewer = handle, reviewer
+        self.printer = EventPrinter(handle.id, mode=mode_for(False, sys.stdout), show_commands=False)
+        self.held: list[tuple[int, ProgressEvent]] = []
+        self.announced = False
+
+    async def on_event(self, offset: int, event: ProgressEvent) -> None:
+        if event.kind == "started" and not self.announced:
+            await self._announce_model()
+        self.held.append((offset, event))
+        self.flush()
+        if event.kind == "approval_requested" and self.reviewer is not None:
+            view = await self._status()
+            if view is not None:
+                self.reviewer.notice(view.pending_approvals)
+
+    def flush(self, *, force: bool = False) -> None:
+        if self.reviewer is not None and self.reviewer.busy and not force:
+            return
+        held, self.held = self.held, []
+        for offset, event in held:
+            self.printer(offset, event)
+
+    async def _status(self) -> StatusView | None:
+        try:
+            return StatusView.model_validate(await self.handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
+        except (RPCError, RPCTimeoutOrCancelledError):
+            return None
+
+    async def _announce_model(self) -> None:
+        self.announced = True
+        view = await self._status()
+        if view is not None and view.model:
+            note = (
+                "  (offline deterministic model: no model API key configured)"
+                if view.model.startswith("scripted:")
+                else ""
+            )
+            print(f"model: {view.model}{note}", flush=True)
+
+
+async def _follow_stream(
+    client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None
 ) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
+    printer = _FollowPrinter(handle, reviewer)
+
+    async def pump() -> None:
+        async for offset, event in events(client, handle.id):
+            await printer.on_event(offset, event)
+
+    watcher = asyncio.ensure_future(pump())
+    while not result_task.done():
+        waiting: set[asyncio.Future[Any]] = {result_task} if watcher.done() else {result_task, watcher}
+        await asyncio.wait(waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+        printer.flush()
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is not None:
+            print(
+                f"warning: progress stream unavailable ({watcher.exception()}); polling the run's status",
+                file=sys.stderr,
+            )
+            return await _poll_loop(handle, result_task, reviewer=reviewer)
+    if not watcher.done():
+        await asyncio.wait({watcher}, timeout=DRAIN_S)  # the run's last events are on their way
+        watcher.cancel()
+    [ended] = await asyncio.gather(watcher, return_exceptions=True)
+    if isinstance(ended, Exception):
+        print(f"warning: the progress stream ended early ({ended}); progress lines may be missing", file=sys.stderr)
+    if reviewer is not None:
+        await reviewer.close()
+    printer.flush(force=True)
+    return await _result(handle, result_task)
+
+
+async def _poll_loop(
+    handle: WorkflowHandle[Any, AgentResult],
+    result_task: asyncio.Future[AgentResult],
+    *,
+    reviewer: FollowReviewer | None,
+) -> AgentResult:
+    """The fallback when the progress stream cannot be read: print the changes the status query shows."""
     last = ""
-    announced = False
     while not result_task.done():
         try:
             view = await handle.query(AgentWorkflow.status)
         except RPCError:
             view = None  # no worker polling yet, or the run just closed
-        if view is not None and not quiet and not (reviewer is not None and reviewer.busy):
-            if not announced and view.model:
-                announced = True
-                note = (
-                    "  (offline deterministic model: no model API key configured)"
-                    if view.model.startswith("scripted:")
-                    else ""
-                )
-                print(f"model: {view.model}{note}")
+        if view is not None and not (reviewer is not None and reviewer.busy):
             line = f"[step {view.step}] {view.state}: {view.last_event}"
             if line != last:
                 print(line, flush=True)
@@ -183,10 +335,7 @@ async def _follow_loop(
         if view is not None and reviewer is not None:
             reviewer.notice(view.pending_approvals)
         await asyncio.wait({result_task}, timeout=0.5)
-    try:
-        return result_task.result()
-    except WorkflowFailureError as err:
-        raise CliError(f"run {handle.id} failed: {err.cause}") from None
+    return await _result(handle, result_task)
 
 
 def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any], client: Client) -> int:
@@ -211,6 +360,22 @@ async def _describe(client: Client, workflow_id: str) -> Any:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise CliError(f"no run with id {workflow_id!r}") from None
         raise
+
+
+async def cmd_watch(client: Client, args: argparse.Namespace) -> int:
+    _, desc = await _describe(client, args.workflow_id)  # a missing run is a one-line error, not a hang
+    try:
+        await watch(client, args.workflow_id, json_lines=args.json, from_offset=args.from_offset)
+    except (WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
+        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.cause or err}") from None
+    except RPCError as err:
+        hint = (
+            f" (the run has ended; its progress is read from a worker on task queue {desc.task_queue})"
+            if desc.status != WorkflowExecutionStatus.RUNNING
+            else ""
+        )
+        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.message}{hint}") from None
+    return 0
 
 
 async def cmd_status(client: Client, args: argparse.Namespace) -> int:
@@ -280,6 +445,7 @@ async def cmd_list(client: Client, args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "watch": cmd_watch,
     "status": cmd_status,
     "approve": approvals_cli.cmd_approve,
     "reject": approvals_cli.cmd_reject,
@@ -292,7 +458,10 @@ COMMANDS = {
 async def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        client = await connect()
+        # Library warnings only, on stderr: stdout is the command's output.
+        logs.configure(level="WARNING", secrets=[os.environ.get(name, "") for name in SECRET_VARIABLES])
+        telemetry.configure_tracing("durable-agents-starter")
+        client = await connect(plugins=telemetry.temporal_plugins())
         return await COMMANDS[args.command](client, args)
     except CliError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -303,6 +472,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
     except RPCError as err:
         print(f"error: Temporal refused the request: {err.message}", file=sys.stderr)
         return 1
+    finally:
+        telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
 
 
 if __name__ == "__main__":

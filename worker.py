@@ -2,7 +2,9 @@
 
 Configuration comes from the environment (see README / DESIGN.md):
 ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``AGENT_TASK_QUEUE``, ``AGENT_MODEL``,
-``AGENT_SANDBOX``, ``AGENT_HTTP_ALLOW``, ``AGENT_STORE_URL``.
+``AGENT_SANDBOX``, ``AGENT_HTTP_ALLOW``, ``AGENT_STORE_URL``; observability:
+``AGENT_LOG_LEVEL``, ``AGENT_METRICS_PORT`` (Prometheus), ``OTEL_TRACES_EXPORTER`` /
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_SERVICE_NAME`` (traces, see ``durable_agents.telemetry``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import signal
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 from temporalio.client import Client
@@ -18,7 +21,7 @@ from temporalio.worker import Worker
 
 from activities.config import Settings
 from activities.runtime import Runtime, all_activities
-from durable_agents import logs
+from durable_agents import logs, telemetry
 from durable_agents.client import TemporalUnavailable, connect, exit_process
 from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
@@ -38,11 +41,36 @@ def build_worker(client: Client, runtime: Runtime, *, task_queue: str, **options
     )
 
 
-async def main() -> int:
-    logs.configure()
-    settings = Settings.from_env()
+def _url_password(url: str) -> str:
     try:
-        client = await connect()
+        return urlsplit(url).password or ""
+    except ValueError:
+        return ""
+
+
+def _without_password(url: str) -> str:
+    password = _url_password(url)
+    return url.replace(f":{password}@", ":***@", 1) if password else url
+
+
+async def main() -> int:
+    settings = Settings.from_env()
+    logs.configure(secrets=[*settings.secret_values(), _url_password(settings.store_url)])
+    try:
+        return await _serve(settings)
+    finally:
+        telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
+
+
+async def _serve(settings: Settings) -> int:
+    telemetry.configure_tracing("durable-agents-worker")
+    try:
+        metrics = telemetry.temporal_runtime()
+    except ValueError as exc:
+        log.error("bad_configuration", error=str(exc))
+        return 2
+    try:
+        client = await connect(plugins=telemetry.temporal_plugins(), runtime=metrics)
     except TemporalUnavailable as exc:
         log.error("temporal_unavailable", error=str(exc))
         return 2
@@ -59,7 +87,10 @@ async def main() -> int:
         namespace=client.namespace,
         model=settings.model,
         sandbox=settings.sandbox,
-        store=settings.store_url,
+        store=_without_password(settings.store_url),
+        search_attributes=runtime.search_attributes_ready,
+        tracing=telemetry.tracing_enabled(),
+        metrics_port=telemetry.metrics_port(),
     )
     async with worker:
         await stop.wait()

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-from temporalio.client import Client, Interceptor
+from temporalio.client import Client, Interceptor, Plugin
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
+from temporalio.runtime import Runtime
 
 
 class TemporalUnavailable(Exception):
@@ -30,11 +32,26 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
-async def connect(*, interceptors: list[Interceptor] | None = None) -> Client:
-    """A client with the project's data converter; ``TemporalUnavailable`` when no server answers."""
+async def connect(
+    *,
+    interceptors: Sequence[Interceptor] = (),
+    plugins: Sequence[Plugin] = (),
+    runtime: Runtime | None = None,
+) -> Client:
+    """A client with the project's data converter; ``TemporalUnavailable`` when no server answers.
+
+    ``plugins`` (e.g. ``durable_agents.telemetry.temporal_plugins()``) also apply to workers built on
+    the client; ``runtime`` carries the metrics configuration (``telemetry.temporal_runtime()``).
+    """
     config = connect_config()
     try:
-        return await Client.connect(data_converter=pydantic_data_converter, interceptors=interceptors or [], **config)
+        return await Client.connect(
+            data_converter=pydantic_data_converter,
+            interceptors=list(interceptors),
+            plugins=list(plugins),
+            runtime=runtime,
+            **config,
+        )
     except RuntimeError as exc:
         text = str(exc)
         reason = "connection refused" if "ConnectionRefused" in text else text.splitlines()[0][:160]

@@ -2,6 +2,12 @@
 
 Standard-library loggers (Temporal's ``workflow.logger`` / ``activity.logger``
 included) are routed through the same processors so every line has one shape.
+The Temporal loggers' context (the ``temporal_workflow`` / ``temporal_activity``
+record extras) becomes top-level fields: ``workflow_id``, ``run_id``,
+``workflow_type``, ``activity``, ``attempt``, ... Activities bind their own
+context (``activity_context``): workflow id, run id, activity, attempt, plus
+step / tool / turn. Configured secret values are replaced by ``[REDACTED]`` in
+every line, whatever its level.
 """
 
 from __future__ import annotations
@@ -9,17 +15,86 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
 
 import structlog
+from temporalio import activity, workflow
+
+REDACTED = "[REDACTED]"
+# Temporal's logger details → our field names. The workflow logger's ``attempt`` is the workflow's
+# (not an activity's) attempt, so it is left out to keep ``attempt`` unambiguous.
+_WORKFLOW_FIELDS = {
+    "workflow_id": "workflow_id",
+    "run_id": "run_id",
+    "workflow_type": "workflow_type",
+    "task_queue": "task_queue",
+    "namespace": "namespace",
+    "update_id": "update_id",
+    "update_name": "update_name",
+}
+_ACTIVITY_FIELDS = {
+    "workflow_id": "workflow_id",
+    "workflow_run_id": "run_id",
+    "workflow_type": "workflow_type",
+    "activity_type": "activity",
+    "activity_id": "activity_id",
+    "attempt": "attempt",
+    "task_queue": "task_queue",
+    "namespace": "namespace",
+}
 
 
-def configure(level: str | None = None, *, json: bool | None = None) -> None:
+def temporal_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Lift the Temporal loggers' ``temporal_workflow`` / ``temporal_activity`` extras into the event."""
+    record = event.get("_record")
+    if record is None:
+        return event
+    for attr, names in (("temporal_activity", _ACTIVITY_FIELDS), ("temporal_workflow", _WORKFLOW_FIELDS)):
+        details = getattr(record, attr, None)
+        if isinstance(details, dict):
+            for key, value in details.items():
+                if key in names:
+                    event.setdefault(names[key], value)
+    return event
+
+
+class Redactor:
+    """Replace configured secret values in every string of the event (nested ones too)."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self.secrets:
+                if secret in value:
+                    value = value.replace(secret, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {k: self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._clean(v) for v in value]
+        return value
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if not self.secrets:
+            return event
+        for key, value in list(event.items()):
+            if not key.startswith("_"):
+                event[key] = self._clean(value)
+        return event
+
+
+def configure(level: str | None = None, *, json: bool | None = None, secrets: Iterable[str] = ()) -> None:
     level_name = (level or os.environ.get("AGENT_LOG_LEVEL") or "INFO").upper()
     as_json = json if json is not None else not sys.stderr.isatty()
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
+        temporal_fields,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.types.Processor = (
@@ -38,6 +113,7 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                Redactor(secrets),
                 renderer,
             ],
         )
@@ -45,6 +121,23 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level_name)
+    # The ids are fields of every line now; Temporal need not also append them to the message text.
+    workflow.logger.workflow_info_on_message = False
+    activity.logger.activity_info_on_message = False
     # httpx logs every request URL at INFO; keep that at WARNING so no query strings leak by default.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+
+@contextmanager
+def activity_context(**fields: Any) -> Iterator[None]:
+    """Bind the running activity's ids (and ``fields``: step, tool, turn...) to every log line inside."""
+    info = activity.info()
+    with structlog.contextvars.bound_contextvars(
+        workflow_id=info.workflow_id,
+        run_id=info.workflow_run_id,
+        activity=info.activity_type,
+        attempt=info.attempt,
+        **fields,
+    ):
+        yield

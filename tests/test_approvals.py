@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
@@ -18,7 +18,15 @@ from tests.conftest import WorkerFactory, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, ApproveSignal, DecideRequest, RejectSignal, StatusView
+from workflows.types import (
+    AgentInput,
+    AgentResult,
+    ApproveSignal,
+    DecideRequest,
+    DecideResult,
+    RejectSignal,
+    StatusView,
+)
 
 
 @pytest.fixture
@@ -45,6 +53,11 @@ async def pending(handle: WorkflowHandle[AgentWorkflow, AgentResult], count: int
             return view
         await asyncio.sleep(0.05)
     raise AssertionError(f"expected {count} pending approvals, status: {view}")
+
+
+async def decide(handle: WorkflowHandle[AgentWorkflow, AgentResult], request: DecideRequest) -> DecideResult:
+    # The SDK types an update that has a validator as returning a coroutine; at runtime it is the result.
+    return cast(DecideResult, await handle.execute_update(AgentWorkflow.decide_update, request))
 
 
 def tool_results(llm: FakeLLMServer, request_index: int) -> list[str]:
@@ -97,15 +110,10 @@ async def test_wrong_decisions_are_refused_and_nothing_runs(
         await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=aid, reviewer="mallory"))
         # Updates answer at once through the validator.
         with pytest.raises(WorkflowUpdateFailedError) as unknown:
-            await handle.execute_update(
-                AgentWorkflow.decide_update,
-                DecideRequest(approval_id="ap_forged", decision="approve", reviewer="alice"),
-            )
+            await decide(handle, DecideRequest(approval_id="ap_forged", decision="approve", reviewer="alice"))
         assert "no pending approval ap_forged" in str(unknown.value.cause)
         with pytest.raises(WorkflowUpdateFailedError) as unlisted:
-            await handle.execute_update(
-                AgentWorkflow.decide_update, DecideRequest(approval_id=aid, decision="approve", reviewer="mallory")
-            )
+            await decide(handle, DecideRequest(approval_id=aid, decision="approve", reviewer="mallory"))
         assert "not an approver" in str(unlisted.value.cause)
 
         view = await handle.query(AgentWorkflow.status)
@@ -114,14 +122,10 @@ async def test_wrong_decisions_are_refused_and_nothing_runs(
         assert "no pending approval ap_forged" in view.refused[0] and "mallory" in view.refused[1]
         assert sink.received == []
 
-        accepted = await handle.execute_update(
-            AgentWorkflow.decide_update, DecideRequest(approval_id=aid, decision="approve", reviewer="alice")
-        )
+        accepted = await decide(handle, DecideRequest(approval_id=aid, decision="approve", reviewer="alice"))
         assert accepted.accepted
         with pytest.raises(WorkflowUpdateFailedError) as again:
-            await handle.execute_update(
-                AgentWorkflow.decide_update, DecideRequest(approval_id=aid, decision="reject", reviewer="alice")
-            )
+            await decide(handle, DecideRequest(approval_id=aid, decision="reject", reviewer="alice"))
         assert "already decided" in str(again.value.cause)
         assert (await handle.result()).status == "completed"
     assert len(sink.writes()) == 1
@@ -162,9 +166,7 @@ async def test_changed_arguments_need_a_new_approval(
         new = view.pending_approvals[0]
         assert new.args["json"] == {"sku": 2} and new.approval_id != old
         with pytest.raises(WorkflowUpdateFailedError) as stale:
-            await handle.execute_update(
-                AgentWorkflow.decide_update, DecideRequest(approval_id=old, decision="approve", reviewer="alice")
-            )
+            await decide(handle, DecideRequest(approval_id=old, decision="approve", reviewer="alice"))
         assert f"approval {old} was already decided (approved)" in str(stale.value.cause)
         assert len(sink.writes()) == 1
         await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=new.approval_id, reviewer="alice"))

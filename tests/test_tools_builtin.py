@@ -243,8 +243,9 @@ def test_tool_settings() -> None:
         )
     for name in ("write_file", "read_file"):
         assert tools[name].uses_sandbox
-    for spec in tools.values():
-        assert all(p.get("description") for p in spec.json_schema()["properties"].values()), spec.name
+    for name in ("run_python", "run_shell", "write_file", "read_file", "http_request"):
+        properties = tools[name].json_schema()["properties"].values()
+        assert all(p.get("description") for p in properties), name
 
 
 @pytest.mark.asyncio

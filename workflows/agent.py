@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
-    from workflows.progress import EventKind, Reporter
+    from workflows.progress import SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.tool_calls import ToolCallRunner
     from workflows.types import (
         AgentInput,
@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 MODEL_TIMEOUT = timedelta(seconds=180)
+MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
 MODEL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
@@ -179,6 +180,9 @@ class AgentWorkflow:
         Temporal CLI) arrives as a dict so the run fails with a readable error instead of retrying a
         workflow task forever."""
         inp = _validated(raw)
+        # Decide the patch in the first activation, before any await: decided later, a query or
+        # stream poll arriving first can split the marker from its command across workflow tasks.
+        workflow.patched(SEARCH_ATTRIBUTES_PATCH)
         carry = inp.carry or await self._fresh_carry(inp)
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
         self._search_attributes = carry.search_attributes
@@ -322,6 +326,7 @@ class AgentWorkflow:
             request,
             result_type=ModelTurn,
             start_to_close_timeout=MODEL_TIMEOUT,
+            heartbeat_timeout=MODEL_HEARTBEAT_TIMEOUT,
             schedule_to_close_timeout=self._remaining(inp, carry),
             retry_policy=MODEL_RETRY,
             summary=f"{carry.model} · turn {carry.step}",

@@ -138,6 +138,7 @@ class ToolCallRunner:
     async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         workflow_id = workflow.info().workflow_id
         key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
+        decision = self._policy_for(call)
         invocation = ToolInvocation(
             conversation_id=carry.conversation_id,
             workflow_id=workflow_id,
@@ -150,6 +151,8 @@ class ToolCallRunner:
             idempotency_key=key,
             sandbox_id=carry.sandbox_id,
             tenant=inp.tenant,
+            policy_verdict=decision.verdict,
+            policy_rule=decision.rule,
         )
         outcome = await self._invoke(call, invocation)
         while isinstance(outcome, ToolOutcome) and outcome.unknown:

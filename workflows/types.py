@@ -289,6 +289,9 @@ class ToolInvocation(BaseModel):
     # A human's resolution of an unknown outcome: "" (normal run), "retry", "mark_done" or "fail".
     resolution: str = ""
     resolution_note: str = ""
+    # The policy decision that let the call run (``allow``, or ``ask`` then approved) and its rule.
+    policy_verdict: str = ""
+    policy_rule: str = ""
 
 
 class ToolOutcome(BaseModel):

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import structlog
+from opentelemetry.trace import SpanKind
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.approvals import load_policy
 from activities.config import redact
+from activities.heartbeat import heartbeating
 from activities.models.base import FatalProviderError, RetryableProviderError
 from activities.models.pricing import cost_usd
 from activities.models.registry import split_model
 from activities.runtime import Runtime
 from activities.tools import registry as tools
+from durable_agents import telemetry
+from durable_agents.logs import activity_context
 from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
+MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
+log = structlog.get_logger("activities.model")
 
 
 class ModelActivities:
@@ -53,36 +60,70 @@ class ModelActivities:
 
     @activity.defn(name="model")
     async def model(self, req: ModelRequest) -> ModelTurn:
-        store = self._rt.store
-        for entry in req.append:
-            await store.put_message(req.conversation_id, entry.seq, entry.message)
+        with activity_context(step=req.turn, turn=req.turn, model=req.model):
+            store = self._rt.store
+            for entry in req.append:
+                await store.put_message(req.conversation_id, entry.seq, entry.message)
 
-        stored = await store.get_message(req.conversation_id, req.transcript_len)
-        if stored is None:
-            transcript = [m.message for m in await store.messages(req.conversation_id, req.transcript_len)]
-            reply_message, meta = await self._call_provider(req, transcript)
-            stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
-        return self._turn(req, stored.message, stored.meta)
+            stored = await store.get_message(req.conversation_id, req.transcript_len)
+            if stored is None:
+                transcript = [m.message for m in await store.messages(req.conversation_id, req.transcript_len)]
+                reply_message, meta = await self._call_provider(req, transcript)
+                stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
+            else:
+                log.info("model_turn_reused", position=req.transcript_len)
+            return self._turn(req, stored.message, stored.meta)
 
     async def _call_provider(self, req: ModelRequest, transcript: list[Message]) -> tuple[Message, dict[str, object]]:
         provider_name, model_name = split_model(req.model)
         specs = tools.registered()
         definitions = [specs[name].definition() for name in req.tools if name in specs]
         secrets = self._rt.settings.secret_values()
-        try:
-            reply = await self._rt.providers.get(provider_name).complete(model_name, transcript, definitions)
-        except RetryableProviderError as exc:
-            delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s is not None else None
-            raise ApplicationError(
-                redact(exc.message, secrets), type="ModelUnavailable", next_retry_delay=delay
-            ) from None
-        except FatalProviderError as exc:
-            raise ApplicationError(redact(exc.message, secrets), type="ModelRejected", non_retryable=True) from None
-        message = Message(role="assistant", content=reply.text, tool_calls=reply.tool_calls)
-        usage = Usage(
+        log.debug("model_request", messages=len(transcript), tools=req.tools)
+        # GenAI semantic conventions; no prompt or completion content is ever put on the span.
+        with telemetry.tracer().start_as_current_span(
+            f"chat {model_name}",
+            kind=SpanKind.CLIENT,
+            attributes=telemetry.gen_ai_chat_attributes(provider_name, model_name, req.conversation_id),
+        ) as span:
+            try:
+                async with heartbeating(MODEL_HEARTBEAT_S):
+                    reply = await self._rt.providers.get(provider_name).complete(model_name, transcript, definitions)
+            except RetryableProviderError as exc:
+                span.set_attribute("error.type", "ModelUnavailable")
+                log.warning("model_unavailable", error=redact(exc.message, secrets), status=exc.status)
+                delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s is not None else None
+                raise ApplicationError(
+                    redact(exc.message, secrets), type="ModelUnavailable", next_retry_delay=delay
+                ) from None
+            except FatalProviderError as exc:
+                span.set_attribute("error.type", "ModelRejected")
+                log.warning("model_rejected", error=redact(exc.message, secrets), status=exc.status)
+                raise ApplicationError(redact(exc.message, secrets), type="ModelRejected", non_retryable=True) from None
+            message = Message(role="assistant", content=reply.text, tool_calls=reply.tool_calls)
+            usage = Usage(
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+                cost_usd=cost_usd(req.model, reply.input_tokens, reply.output_tokens, self._rt.settings.prices_file),
+            )
+            span.set_attributes(
+                {
+                    "gen_ai.response.id": reply.response_id,
+                    "gen_ai.response.finish_reasons": [reply.finish_reason] if reply.finish_reason else [],
+                    "gen_ai.usage.input_tokens": reply.input_tokens,
+                    "gen_ai.usage.output_tokens": reply.output_tokens,
+                    "agent.cost_usd": usage.cost_usd,
+                    "agent.tool_calls": len(reply.tool_calls),
+                }
+            )
+        telemetry.record_model_usage(provider_name, model_name, reply.input_tokens, reply.output_tokens, usage.cost_usd)
+        log.info(
+            "model_answered",
             input_tokens=reply.input_tokens,
             output_tokens=reply.output_tokens,
-            cost_usd=cost_usd(req.model, reply.input_tokens, reply.output_tokens, self._rt.settings.prices_file),
+            cost_usd=usage.cost_usd,
+            finish_reason=reply.finish_reason,
+            tool_calls=[call.name for call in reply.tool_calls],
         )
         meta: dict[str, object] = {
             "usage": usage.model_dump(),

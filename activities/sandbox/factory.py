@@ -1,7 +1,8 @@
-"""Picks the sandbox backend named by ``AGENT_SANDBOX`` (one cached instance per name and root)."""
+"""Picks the sandbox backend named by ``AGENT_SANDBOX`` (one cached instance per configuration)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 
@@ -12,28 +13,42 @@ from activities.sandbox.local import LocalLimits, LocalSandboxBackend
 BACKENDS = ("local", "e2b")
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, Path], SandboxBackend] = {}
+_cache: dict[tuple[str, str], SandboxBackend] = {}
 
 
 def backend_for(settings: Settings) -> SandboxBackend:
-    """The backend for ``settings.sandbox``; :class:`SandboxUnavailable` for unknown or unimplemented ones.
+    """The backend for ``settings.sandbox``; :class:`SandboxUnavailable` for unknown or unusable ones.
 
-    Cached so that every activity of a worker shares one backend (and the local
-    backend's record of running commands, which ``kill`` uses).
+    ``e2b`` without an ``E2B_API_KEY`` fails closed (never a silent fallback to local).
+
+    Cached so that every activity of a worker shares one backend (the local
+    backend's record of running commands, which ``kill`` uses; the E2B backend's
+    map of logical ids to VMs).
     """
     name = settings.sandbox.strip().lower()
     if name == "e2b":
-        raise SandboxUnavailable(
-            "the e2b sandbox backend is not implemented yet (issue 5); "
-            "unset AGENT_SANDBOX/E2B_API_KEY to use the local bubblewrap sandbox"
-        )
+        key = settings.e2b_api_key
+        if key is None or not key.get_secret_value():
+            raise SandboxUnavailable(
+                "AGENT_SANDBOX=e2b needs E2B_API_KEY (the API key of your E2B team); "
+                "unset AGENT_SANDBOX to use the local bubblewrap sandbox instead"
+            )
+        # cached per key, keyed by a digest so that the key itself is not kept twice
+        cache_key = (name, hashlib.sha256(key.get_secret_value().encode()).hexdigest())
+        with _lock:
+            backend = _cache.get(cache_key)
+            if backend is None:
+                from activities.sandbox.e2b import E2BConfig, E2BSandboxBackend  # imports the e2b SDK
+
+                backend = _cache[cache_key] = E2BSandboxBackend(key, E2BConfig.from_env())
+            return backend
     if name != "local":
         raise SandboxUnavailable(
             f"unknown sandbox backend AGENT_SANDBOX={settings.sandbox!r}; allowed: {', '.join(BACKENDS)}"
         )
     root = (Path(settings.state_dir) / "sandboxes").absolute()
     with _lock:
-        backend = _cache.get((name, root))
+        backend = _cache.get((name, str(root)))
         if backend is None:
-            backend = _cache[(name, root)] = LocalSandboxBackend(root, LocalLimits.from_env())
+            backend = _cache[(name, str(root))] = LocalSandboxBackend(root, LocalLimits.from_env())
         return backend

@@ -8,21 +8,25 @@ the call: its result is returned and the tool does not run again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
+import structlog
+from opentelemetry.trace import StatusCode
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
 from activities.runtime import Runtime
 from activities.sandbox.base import SandboxError
 from activities.tools.recovery import execute_once
 from activities.tools.registry import ToolContext, ToolError, ToolSpec, registered
+from durable_agents import telemetry
+from durable_agents.logs import activity_context
 from workflows.types import CompensationRequest, Message, ToolInvocation, ToolOutcome, TranscriptEntry
 
 PREVIEW_CHARS = 1000
+log = structlog.get_logger("activities.tools")
 
 
 def outcome_of(message: Message) -> ToolOutcome:
@@ -35,30 +39,37 @@ def outcome_of(message: Message) -> ToolOutcome:
     )
 
 
-@contextlib.asynccontextmanager
-async def _heartbeating(every_s: int) -> AsyncIterator[None]:
-    """Heartbeat while the tool runs so a dead worker is noticed at heartbeat timeout."""
-    if every_s <= 0:
-        yield
-        return
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(every_s)
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-
-
 def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvocation], Any]:
     async def run_tool(inv: ToolInvocation) -> ToolOutcome:
+        with (
+            activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
+            telemetry.tracer().start_as_current_span(
+                f"execute_tool {spec.name}",
+                attributes=_tool_span_attributes(spec, inv),
+                record_exception=False,  # exception texts can quote arguments; the type is enough here
+                set_status_on_exception=False,
+            ) as span,
+        ):
+            log.debug("tool_started", argument_names=sorted(inv.arguments), resolution=inv.resolution or None)
+            try:
+                outcome = await _run_tool(inv)
+            except Exception as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(StatusCode.ERROR, type(exc).__name__)
+                telemetry.record_tool_call(spec.name, inv.policy_verdict, "attempt_failed")
+                log.warning("tool_attempt_failed", error_type=type(exc).__name__)
+                raise
+            state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
+            span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
+            telemetry.record_tool_call(spec.name, inv.policy_verdict, state)
+            log.info("tool_finished", outcome=state, result_bytes=outcome.size_bytes)
+            return outcome
+
+    async def _run_tool(inv: ToolInvocation) -> ToolOutcome:
         store = runtime.store
         done = await store.get_message(inv.conversation_id, inv.seq)
         if done is not None:
+            log.info("tool_result_reused", position=inv.seq)
             return outcome_of(done.message)
         if inv.resolution in ("mark_done", "fail"):
             text, is_error = await _resolve_by_hand(spec, runtime, inv)
@@ -79,6 +90,25 @@ def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvoc
     return activity.defn(name=spec.name)(run_tool)
 
 
+def _tool_span_attributes(spec: ToolSpec, inv: ToolInvocation) -> dict[str, Any]:
+    """An ``execute_tool`` span (GenAI semantic conventions) with the policy decision that let it run."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": spec.name,
+        "gen_ai.tool.call.id": inv.call_id,
+        "gen_ai.tool.type": "function",
+        "agent.idempotency_key": inv.idempotency_key,
+        "agent.step": inv.step,
+        "agent.tool.side_effect": spec.side_effect,
+    }
+    if inv.policy_verdict:  # empty for runs whose workflow code predates the field
+        attributes["agent.policy.verdict"] = inv.policy_verdict
+        attributes["agent.policy.rule"] = inv.policy_rule
+    if inv.resolution:
+        attributes["agent.tool.resolution"] = inv.resolution
+    return attributes
+
+
 async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
     """Run the tool; failures the model can act on become error text, others propagate (retry)."""
     try:
@@ -88,7 +118,7 @@ async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tup
             if not inv.sandbox_id:
                 raise ToolError("no sandbox was created for this run")
             ctx.sandbox = await runtime.sandbox_backend().connect(inv.sandbox_id)
-        async with _heartbeating(0 if spec.ledgered else spec.heartbeat_s):
+        async with heartbeating(0 if spec.ledgered else spec.heartbeat_s):
             return await spec.fn(args, ctx), False
     except (ToolError, SandboxError) as exc:
         return f"Error: {exc}", True

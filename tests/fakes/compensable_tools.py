@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from activities.tools.registry import ToolContext, tool
 
 
 class ReserveArgs(BaseModel):
-    url: str
+    url: str = Field(description="the resource to reserve")
 
 
 async def _release(args: ReserveArgs, ctx: ToolContext, result: str) -> str:

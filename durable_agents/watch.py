@@ -1,0 +1,175 @@
+"""Live progress of a run: ``starter.py watch ID`` and the progress lines of ``run --follow``.
+
+Events come from the run's durable Workflow Stream (topic ``progress``, see
+``workflows/progress.py``) through ``temporalio.contrib.workflow_streams``: the
+subscription starts at any offset, follows continue-as-new into the next run
+and ends once the run has closed and its last events were read.
+
+Three renderings: ``json`` (one ``ProgressEvent.model_dump_json()`` per line),
+``rich`` (colours, one line per event, approvals highlighted with the commands
+that decide them) and ``plain`` (the same lines without colours).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shlex
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Literal, TextIO
+
+from rich.console import Console
+from rich.text import Text
+from temporalio.client import Client
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+
+from durable_agents.approvals_cli import decide_commands, default_reviewer
+from workflows.progress import TOPIC, ProgressEvent
+
+Mode = Literal["json", "rich", "plain"]
+OnEvent = Callable[[int, ProgressEvent], Awaitable[None] | None]
+POLL_COOLDOWN = timedelta(milliseconds=100)
+
+_STYLES: dict[str, str] = {
+    "started": "bold",
+    "turn_started": "blue",
+    "model_answered": "cyan",
+    "tool_decided": "magenta",
+    "tool_started": "blue",
+    "tool_finished": "green",
+    "approval_requested": "bold yellow",
+    "approval_decided": "yellow",
+    "decision_refused": "bold red",
+    "continued_as_new": "dim",
+    "finished": "bold green",
+}
+_KIND_WIDTH = max(len(kind) for kind in _STYLES)
+
+
+async def events(
+    client: Client, workflow_id: str, *, from_offset: int = 0, poll_cooldown: timedelta = POLL_COOLDOWN
+) -> AsyncIterator[tuple[int, ProgressEvent]]:
+    """``(offset, event)`` pairs of a run's progress stream, until the (last continued) run has closed."""
+    stream = WorkflowStreamClient.create(client, workflow_id)
+    async for item in stream.subscribe(TOPIC, from_offset, result_type=ProgressEvent, poll_cooldown=poll_cooldown):
+        yield item.offset, item.data
+
+
+def mode_for(json_lines: bool, file: TextIO) -> Mode:
+    if json_lines:
+        return "json"
+    return "rich" if file.isatty() else "plain"
+
+
+def clock(at: str) -> str:
+    """The event's workflow time as local ``HH:MM:SS`` (``--:--:--`` when missing)."""
+    try:
+        return datetime.fromisoformat(at).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return "--:--:--"
+
+
+def describe(event: ProgressEvent) -> str:
+    """The event's text plus the numbers worth a glance (tokens and cost of a model answer)."""
+    data = event.data
+    if event.kind == "model_answered" and "input_tokens" in data:
+        return (
+            f"{event.text} · {data.get('input_tokens', 0)} in / {data.get('output_tokens', 0)} out tokens"
+            f" · ${float(data.get('cost_usd') or 0):.4f}"
+        )
+    return event.text
+
+
+def approval_commands(workflow_id: str, event: ProgressEvent, reviewer: str) -> list[str]:
+    """The shell commands that decide the approval an ``approval_requested`` event announces."""
+    approval_id = str(event.data.get("approval_id", ""))
+    if not approval_id:
+        return []
+    if "-resolve" in approval_id:  # an unknown outcome: a human says whether it happened
+        payload = {"approval_id": approval_id, "reviewer": reviewer, "resolution": "retry|mark_done|fail"}
+        return [
+            f"temporal workflow signal --workflow-id {shlex.quote(workflow_id)} --name resolve "
+            f"--input {shlex.quote(json.dumps(payload))}"
+        ]
+    approve, signal, reject = decide_commands(workflow_id, approval_id, reviewer)
+    return [approve, signal, reject]
+
+
+class EventPrinter:
+    """Renders events one line each; ``show_commands`` adds the decide commands under approval requests."""
+
+    def __init__(
+        self,
+        workflow_id: str,
+        *,
+        mode: Mode,
+        file: TextIO | None = None,
+        show_commands: bool = True,
+        reviewer: str | None = None,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.mode = mode
+        self.file = file if file is not None else sys.stdout
+        self.show_commands = show_commands
+        self.reviewer = reviewer or default_reviewer()
+        self._console = Console(file=self.file, highlight=False, soft_wrap=True) if mode == "rich" else None
+
+    def __call__(self, offset: int, event: ProgressEvent) -> None:
+        if self.mode == "json":
+            print(event.model_dump_json(), file=self.file, flush=True)
+            return
+        commands = (
+            approval_commands(self.workflow_id, event, self.reviewer)
+            if self.show_commands and event.kind == "approval_requested"
+            else []
+        )
+        if self._console is None:
+            print(f"{clock(event.at)} [step {event.step}] {event.kind}: {describe(event)}", file=self.file)
+            for command in commands:
+                print(f"    {command}", file=self.file)
+            self.file.flush()
+            return
+        style = _STYLES.get(event.kind, "")
+        if (event.kind == "tool_finished" and event.data.get("ok") is False) or (
+            event.kind == "finished" and event.data.get("status", "completed") != "completed"
+        ):
+            style = "bold red" if event.kind == "finished" else "red"
+        line = Text.assemble(
+            (clock(event.at), "dim"),
+            " ",
+            (f"step {event.step:<3}", "cyan"),
+            " ",
+            (event.kind.ljust(_KIND_WIDTH), style),
+            " ",
+            (describe(event), "bold yellow" if event.kind == "approval_requested" else ""),
+        )
+        self._console.print(line)
+        for command in commands:
+            self._console.print(Text.assemble("    ", ("decide: ", "yellow"), command))
+        self.file.flush()
+
+
+async def watch(
+    client: Client,
+    workflow_id: str,
+    *,
+    json_lines: bool,
+    from_offset: int = 0,
+    on_event: OnEvent | None = None,
+    file: TextIO | None = None,
+    poll_cooldown: timedelta = POLL_COOLDOWN,
+) -> None:
+    """Print a run's progress events from ``from_offset`` as they happen; return once the run has ended.
+
+    ``on_event(offset, event)`` (sync or async) sees every event before it is printed.
+    """
+    out = file if file is not None else sys.stdout
+    printer = EventPrinter(workflow_id, mode=mode_for(json_lines, out), file=out)
+    async for offset, event in events(client, workflow_id, from_offset=from_offset, poll_cooldown=poll_cooldown):
+        if on_event is not None:
+            result = on_event(offset, event)
+            if inspect.isawaitable(result):
+                await result
+        printer(offset, event)
