@@ -449,6 +449,7 @@ COMMANDS = {
     "status": cmd_status,
     "approve": approvals_cli.cmd_approve,
     "reject": approvals_cli.cmd_reject,
+    "resolve": approvals_cli.cmd_resolve,
     "pending": approvals_cli.cmd_pending,
     "cancel": cmd_cancel,
     "list": cmd_list,

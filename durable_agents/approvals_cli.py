@@ -35,7 +35,7 @@ from workflows.identity import canonical_json, decision_signature
 from workflows.policy import parse_run_policy
 from workflows.types import DecideRequest, DecideResult, PendingApproval, StatusView
 
-Decision = Literal["approve", "reject"]
+Decision = Literal["approve", "reject", "retry", "mark_done", "fail"]
 RUNNING_AGENTS = "WorkflowType = 'AgentWorkflow' AND ExecutionStatus = 'Running'"
 QUERY_TIMEOUT = timedelta(seconds=10)
 DECIDE_TIMEOUT = timedelta(seconds=30)
@@ -69,6 +69,21 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
         parser.add_argument("--reviewer", required=True, help="your name (checked against the run's approvers)")
     approve.add_argument("--comment", default="", help="a note recorded with the approval")
     reject.add_argument("--reason", required=True, help="why; the model is told")
+
+    resolve = sub.add_parser(
+        "resolve", help="answer an unknown outcome: a side effect whose worker died mid-call (see README)"
+    )
+    resolve.add_argument("workflow_id")
+    resolve.add_argument("approval_id", nargs="?", help="optional when the run waits for exactly one decision")
+    resolve.add_argument(
+        "--as",
+        dest="resolution",
+        required=True,
+        choices=["mark_done", "retry", "fail"],
+        help="mark_done: it happened; retry: run it again with the same key; fail: report it failed",
+    )
+    resolve.add_argument("--reviewer", required=True, help="your name (checked against the run's approvers)")
+    resolve.add_argument("--comment", default="", help="a note recorded with the decision")
 
     pending = sub.add_parser("pending", help="approvals a run (or every running run) waits for")
     pending.add_argument("workflow_id", nargs="?")
@@ -257,6 +272,10 @@ async def cmd_reject(client: Client, args: argparse.Namespace) -> int:
     return await _decide_command(client, args, "reject", args.reason)
 
 
+async def cmd_resolve(client: Client, args: argparse.Namespace) -> int:
+    return await _decide_command(client, args, args.resolution, args.comment)
+
+
 async def _decide_command(client: Client, args: argparse.Namespace, decision: Decision, note: str) -> int:
     workflow_id, reviewer = args.workflow_id, args.reviewer.strip()
     if not reviewer:
@@ -317,7 +336,7 @@ async def send_decision(
         raise
     if not result.accepted:
         raise CliError(f"refused: {result.message}")
-    verb = "approved" if decision == "approve" else "rejected"
+    verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")
     what = f" ({describe_call(approval.tool, approval.args)})" if approval else ""
     why = f": {note}" if note else ""
     return f"{verb} {approval_id}{what} as {reviewer}{why}"

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from tests.fakes.worker_proc import (
     worker_env,
     write_policy,
 )
-from workflows.types import AgentInput, AgentResult, DecideRequest, DecideResult, ResolveSignal, StatusView
+from workflows.types import AgentInput, AgentResult, ResolveSignal, StatusView
 
 RESULT_WITHIN_S = 90.0  # generous bound on every wait; recovery itself takes one heartbeat timeout (≤ 15 s)
 
@@ -247,16 +250,20 @@ async def test_unkeyed_side_effect_pauses_then_mark_done_by_signal(crash: Crash)
     assert entry.state == "done" and entry.note == "resolved: mark_done" and entry.executions == 1
 
 
-async def test_unkeyed_side_effect_pauses_then_retry_by_update_sends_again(crash: Crash) -> None:
+async def test_unkeyed_side_effect_pauses_then_retry_via_starter_sends_again(crash: Crash) -> None:
     rig, api, handle = crash.rig, crash.api, crash.handles[NOTIFY_RETRY]
     approval_id = await _paused_on_unknown(crash, NOTIFY_RETRY)
 
-    answer = await handle.execute_update(
-        "decide",
-        DecideRequest(approval_id=approval_id, decision="retry", reviewer="ops-bob"),
-        result_type=DecideResult,
+    # The operator's path: `starter.py resolve` (the decide update), answering at once.
+    wrong = await asyncio.to_thread(
+        _starter, rig.address, "resolve", handle.id, approval_id, "--as", "bogus", "--reviewer", "ops-bob"
     )
-    assert answer.accepted, answer
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr
+    answer = await asyncio.to_thread(
+        _starter, rig.address, "resolve", handle.id, approval_id, "--as", "retry", "--reviewer", "ops-bob"
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.strip().startswith(f"resolved (retry) {approval_id}")
     result = await rig.result(handle)
 
     assert result.status == "completed" and result.output == "sent", rig.logs()
@@ -265,6 +272,14 @@ async def test_unkeyed_side_effect_pauses_then_retry_by_update_sends_again(crash
     assert any(text.startswith("HTTP 201") for text in tool_results(crash.llm, NOTIFY_RETRY))
     [entry] = await rig.ledger(handle.id)
     assert entry.state == "done" and entry.executions == 2
+
+
+def _starter(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parent.parent
+    env = {"PATH": os.environ["PATH"], "TEMPORAL_ADDRESS": address}
+    return subprocess.run(
+        [sys.executable, str(root / "starter.py"), *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 async def test_charge_is_reconciled_by_lookup_not_sent_again(crash: Crash) -> None:
