@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a run (its sandbox is cleaned up)")
     cancel.add_argument("workflow_id")
 
+    sandboxes = sub.add_parser("sandboxes", help="sandbox housekeeping")
+    sandboxes_sub = sandboxes.add_subparsers(dest="sandboxes_command", required=True, parser_class=_Parser)
+    reap_parser = sandboxes_sub.add_parser("reap", help="kill sandboxes whose run has ended")
+    reap_parser.add_argument("--min-age", type=_positive_int, default=60, help="keep sandboxes younger than this (s)")
+
     listing = sub.add_parser("list", help="recent runs")
     listing.add_argument("--limit", type=_positive_int, default=20)
     listing.add_argument("--json", action="store_true")
@@ -443,11 +448,28 @@ async def cmd_list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_sandboxes(client: Client, args: argparse.Namespace) -> int:
+    """Reap with this machine's sandbox configuration (AGENT_SANDBOX, AGENT_STATE_DIR, E2B_API_KEY)."""
+    from activities.config import Settings
+    from activities.sandbox.base import SandboxUnavailable
+    from activities.sandbox.factory import backend_for
+    from durable_agents.reaping import reap_once
+
+    try:
+        backend = backend_for(Settings.from_env())
+    except SandboxUnavailable as err:
+        raise CliError(str(err), code=2) from None
+    report = await reap_once(client, backend, min_age_s=args.min_age)
+    print(report.summary())
+    return 1 if report.errors else 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "watch": cmd_watch,
     "status": cmd_status,
     "approve": approvals_cli.cmd_approve,
+    "sandboxes": cmd_sandboxes,
     "reject": approvals_cli.cmd_reject,
     "resolve": approvals_cli.cmd_resolve,
     "pending": approvals_cli.cmd_pending,

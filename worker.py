@@ -10,6 +10,7 @@ Configuration comes from the environment (see README / DESIGN.md):
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from activities.config import Settings
 from activities.runtime import Runtime, all_activities
 from durable_agents import logs, telemetry
 from durable_agents.client import TemporalUnavailable, connect, exit_process
+from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
 
@@ -92,9 +94,15 @@ async def _serve(settings: Settings) -> int:
         tracing=telemetry.tracing_enabled(),
         metrics_port=telemetry.metrics_port(),
     )
+    reap_every_s = float(os.environ.get("AGENT_REAP_INTERVAL_S", "600"))
+    reaper = (
+        asyncio.create_task(reap_forever(client, runtime.sandbox_backend, reap_every_s)) if reap_every_s > 0 else None
+    )
     async with worker:
         await stop.wait()
         log.info("worker_stopping")
+        if reaper is not None:
+            reaper.cancel()
     await runtime.aclose()
     log.info("worker_stopped")
     return 0

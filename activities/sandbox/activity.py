@@ -29,9 +29,11 @@ class SandboxActivities:
 
     @activity.defn(name="sandbox_kill")
     async def sandbox_kill(self, req: SandboxRequest) -> None:
+        """Kill the run's sandbox (idempotent). Transient backend errors propagate and are retried."""
         try:
-            sandbox = await self._rt.sandbox_backend().connect(req.sandbox_id)
-        except Exception:  # already gone: killing is idempotent
-            activity.logger.info("sandbox %s already gone", req.sandbox_id)
+            killed = await self._rt.sandbox_backend().kill(req.sandbox_id)
+        except SandboxUnavailable as exc:
+            activity.logger.warning("cannot kill sandbox %s: %s", req.sandbox_id, exc)
             return
-        await sandbox.kill()
+        if not killed:
+            activity.logger.info("sandbox %s already gone", req.sandbox_id)

@@ -230,14 +230,22 @@ def _child_setup(
     stage_src = stage[0].encode() if stage else b""
     stage_dst = stage[1].encode() if stage else b""
 
+    def cap(which: int, soft: int, hard: int | None = None) -> None:
+        # never above an existing hard limit (which a non-root worker could not raise)
+        current = resource.getrlimit(which)[1]
+        ceiling = hard if hard is not None else soft
+        if current != resource.RLIM_INFINITY:
+            soft, ceiling = min(soft, current), min(ceiling, current)
+        resource.setrlimit(which, (soft, ceiling))
+
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        cap(resource.RLIMIT_AS, memory)
         # soft limit sends SIGXCPU, the hard one a second later SIGKILL
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core dumps into the workspace
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        cap(resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1)
+        cap(resource.RLIMIT_FSIZE, fsize)
+        cap(resource.RLIMIT_NOFILE, limits.nofile)
+        cap(resource.RLIMIT_CORE, 0)  # no core dumps into the workspace
+        cap(resource.RLIMIT_NPROC, nproc)
         if stage:
             _check(_unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
             _check(_mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
@@ -392,8 +400,13 @@ def _probe(path: str) -> str:
             spawn.close_all()
     if done.returncode != 0:
         detail = done.stderr.decode(errors="replace").strip()[:500]
-        mode = f" as unprivileged uid {owner[0]}" if owner else ""
-        return f"probe `bwrap ... true`{mode} exited {done.returncode}: {detail}"
+        if owner is None:
+            return f"probe `bwrap ... true` exited {done.returncode}: {detail}"
+        return (
+            f"probe `bwrap ... true` as unprivileged uid {owner[0]} exited {done.returncode}: {detail}; "
+            "a root worker runs each sandbox as an unprivileged uid of its own (uid 0 escapes RLIMIT_NPROC), "
+            "which needs unprivileged user namespaces: enable them, or run the worker as a non-root user"
+        )
     return ""
 
 
@@ -486,8 +499,8 @@ class _Init:
         if len(self._buffer) < 64 * 1024:
             self._buffer += chunk
         if not chunk:  # read to EOF: closing early would kill bwrap with SIGPIPE mid-write
-            self._stop()
             self.pidfd = _init_pidfd(bytes(self._buffer))
+            self._stop()
 
     def _stop(self) -> None:
         if not self._read.done():

@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.runtime import Runtime
-from activities.sandbox.base import SandboxError
+from activities.sandbox.base import META_RUN, META_TENANT, SandboxError
 from activities.tools.recovery import execute_once
 from activities.tools.registry import ToolContext, ToolError, ToolSpec, registered
 from durable_agents import telemetry
@@ -114,12 +114,18 @@ async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tup
     try:
         args = spec.args_model.model_validate(inv.arguments)
         ctx = ToolContext(invocation=inv, settings=runtime.settings)
+        note = ""
         if spec.uses_sandbox:
             if not inv.sandbox_id:
                 raise ToolError("no sandbox was created for this run")
-            ctx.sandbox = await runtime.sandbox_backend().connect(inv.sandbox_id)
+            # An expired or vanished sandbox is recreated once, and the model is told what was lost.
+            connection = await runtime.sandbox_backend().connect_or_recreate(
+                inv.sandbox_id, metadata={META_RUN: inv.conversation_id, META_TENANT: inv.tenant}
+            )
+            ctx.sandbox, note = connection.sandbox, connection.note()
         async with heartbeating(0 if spec.ledgered else spec.heartbeat_s):
-            return await spec.fn(args, ctx), False
+            text = await spec.fn(args, ctx)
+        return (f"{note}\n{text}" if note else text), False
     except (ToolError, SandboxError) as exc:
         return f"Error: {exc}", True
 
