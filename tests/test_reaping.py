@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -36,7 +36,7 @@ async def test_starter_reaps_sandboxes_of_closed_runs(dev_env: WorkflowEnvironme
     }
     for sandbox_id, conversation in runs.items():
         await backend.create(sandbox_id, metadata={META_RUN: conversation})
-    time.sleep(1.1)  # older than --min-age 1
+    await asyncio.sleep(1.1)  # older than --min-age 1
 
     env = {
         "PATH": os.environ["PATH"],
@@ -44,7 +44,8 @@ async def test_starter_reaps_sandboxes_of_closed_runs(dev_env: WorkflowEnvironme
         "AGENT_STATE_DIR": str(tmp_path / "state"),
         "AGENT_SANDBOX": "local",
     }
-    done = subprocess.run(
+    done = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, str(ROOT / "starter.py"), "sandboxes", "reap", "--min-age", "1"],
         env=env,
         capture_output=True,
