@@ -44,6 +44,8 @@ test: venv bwrap lint
 
 bench: venv bwrap
 	$(PY) -m bench.history_size --turns 200 --kb 10
+	$(PY) -m bench.sandbox_latency --n 50
+	$(PY) -m bench.kill_storm --runs 100 --kills 12
 
 clean: stop
 	rm -rf .agent .temporal
