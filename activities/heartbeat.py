@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from temporalio import activity
 
 
 @contextlib.asynccontextmanager
-async def heartbeating(every_s: float) -> AsyncIterator[None]:
-    """Heartbeat every ``every_s`` seconds inside the block; a no-op when ``every_s <= 0``."""
+async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[None]:
+    """Heartbeat every ``every_s`` seconds inside the block (and await ``on_beat`` each time).
+
+    A no-op when ``every_s <= 0``.
+    """
     if every_s <= 0:
         yield
         return
@@ -23,6 +26,8 @@ async def heartbeating(every_s: float) -> AsyncIterator[None]:
     async def beat() -> None:
         while True:
             activity.heartbeat()
+            if on_beat is not None:
+                await on_beat()
             await asyncio.sleep(every_s)
 
     task = asyncio.create_task(beat())

@@ -10,13 +10,14 @@ requires user/assistant alternation. Errors: see ``http_errors``.
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
 
 from activities.models.base import ProviderReply
 from activities.models.http_errors import as_int, missing, post_json
+from activities.models.http_provider import HttpProvider
 from workflows.types import Message, RecordedToolCall
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -25,7 +26,7 @@ DEFAULT_MAX_TOKENS = 4096
 PROVIDER = "anthropic"
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpProvider):
     """``ModelProvider`` over the Anthropic Messages API.
 
     ``x-api-key`` is sent only when a key is configured (keyless proxies).
@@ -41,23 +42,8 @@ class AnthropicProvider:
         transport: httpx.AsyncBaseTransport | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
-        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        super().__init__(base_url or DEFAULT_BASE_URL, api_key, timeout_s=timeout_s, transport=transport)
         self.max_tokens = max_tokens
-        self._api_key = api_key
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), transport=transport)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def _secrets(self) -> list[str]:
-        key = self._api_key.get_secret_value() if self._api_key is not None else ""
-        return [key] if key else []
 
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One Messages API call; ``model`` is Anthropic's model name (no ``anthropic:`` prefix)."""

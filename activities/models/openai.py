@@ -8,20 +8,21 @@ the transcript records exactly what the model said. Errors: see ``http_errors``.
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
 
 from activities.models.base import ProviderReply
 from activities.models.http_errors import as_int, missing, post_json
+from activities.models.http_provider import HttpProvider
 from workflows.types import Message, RecordedToolCall
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PROVIDER = "openai"
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpProvider):
     """``ModelProvider`` over an OpenAI-compatible server.
 
     ``Authorization: Bearer`` is sent only when a key is configured: local
@@ -36,22 +37,7 @@ class OpenAIProvider:
         timeout_s: float = 120.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._api_key = api_key
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), transport=transport)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def _secrets(self) -> list[str]:
-        key = self._api_key.get_secret_value() if self._api_key is not None else ""
-        return [key] if key else []
+        super().__init__(base_url or DEFAULT_BASE_URL, api_key, timeout_s=timeout_s, transport=transport)
 
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix)."""

@@ -12,18 +12,18 @@ before the side effect, record the outcome after. On a retry:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
 from activities.runtime import Runtime
 from activities.store.ledger import ClaimRequest
 from activities.tools.registry import ToolContext, ToolSpec
@@ -49,24 +49,14 @@ def _lease_s() -> float:
     return timeout.total_seconds() if timeout else DEFAULT_LEASE_S
 
 
-@contextlib.asynccontextmanager
-async def keep_alive(runtime: Runtime, key: str, owner: str, every_s: float, lease_s: float) -> AsyncIterator[None]:
-    """Heartbeat to Temporal and renew the ledger lease while the side effect runs."""
+def _renewer(runtime: Runtime, key: str, owner: str, lease_s: float) -> Callable[[], Awaitable[None]]:
+    """Renew the ledger lease on every heartbeat, so a live holder is never taken over."""
 
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            if key and not await runtime.store.renew(key, owner, lease_s):
-                activity.logger.warning("lost the ledger lease on %s to another holder", key)
-            await asyncio.sleep(every_s)
+    async def renew() -> None:
+        if not await runtime.store.renew(key, owner, lease_s):
+            activity.logger.warning("lost the ledger lease on %s to another holder", key)
 
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return renew
 
 
 async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, run: Runner) -> Execution:
@@ -119,7 +109,7 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
     await store.started(inv.idempotency_key, owner)
     every_s = float(spec.heartbeat_s or max(1.0, lease_s / 3))
     try:
-        async with keep_alive(runtime, inv.idempotency_key, owner, every_s, lease_s):
+        async with heartbeating(every_s, _renewer(runtime, inv.idempotency_key, owner, lease_s)):
             text, is_error = await run(spec, runtime, inv)
     except BaseException:
         # Whether the side effect happened is unknown; give up the lease so the next attempt
