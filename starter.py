@@ -24,37 +24,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from temporalio.client import (
     Client,
-    RPCTimeoutOrCancelledError,
     WorkflowExecutionStatus,
-    WorkflowFailureError,
-    WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_agents import approvals_cli, logs, telemetry
-from durable_agents.approvals_cli import QUERY_TIMEOUT, CliError, FollowReviewer
+from durable_agents.approvals_cli import CliError
 from durable_agents.client import TemporalUnavailable, connect, exit_process
-from durable_agents.watch import EventPrinter, events, mode_for, watch
+from durable_agents.run_cli import cmd_run, print_json
+from durable_agents.watch import watch
 from workflows.agent import AgentWorkflow
-from workflows.progress import ProgressEvent
-from workflows.types import AgentInput, AgentResult, Limits, PendingApproval, StatusView
+from workflows.types import AgentResult, PendingApproval, StatusView
 
-TERMINAL = {"completed", "failed", "cancelled", "limit_exceeded"}
-SUMMARY_CHARS = 120
-DETAILS_TASK_CHARS = 2000
 SECRET_VARIABLES = ("AGENT_APPROVAL_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "E2B_API_KEY")
-DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
 
 
 class _Parser(argparse.ArgumentParser):
@@ -131,229 +122,6 @@ def _name_list(text: str) -> list[str]:
     return names
 
 
-def ui_link(client: Client, workflow_id: str, run_id: str | None) -> str:
-    base = os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233").rstrip("/")
-    return f"{base}/namespaces/{client.namespace}/workflows/{workflow_id}/{run_id or ''}".rstrip("/")
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
-
-
-async def cmd_run(client: Client, args: argparse.Namespace) -> int:
-    limits = Limits()
-    if args.max_steps:
-        limits.max_steps = args.max_steps
-    if args.timeout_s:
-        limits.timeout_s = args.timeout_s
-    inp = AgentInput(
-        task=args.task,
-        model=args.model,
-        tools=args.tools,
-        limits=limits,
-        tenant=args.tenant,
-        approvers=args.approvers,
-        policy=approvals_cli.load_run_policy(args.policy_file),
-    )
-    workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
-    task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
-    try:
-        handle = await client.start_workflow(
-            AgentWorkflow.run,
-            inp,
-            id=workflow_id,
-            task_queue=task_queue,
-            static_summary=static_summary(inp),
-            static_details=static_details(inp),
-        )
-    except RPCError as err:
-        if err.status == RPCStatusCode.ALREADY_EXISTS:
-            raise CliError(f"a run with id {workflow_id!r} is already running") from None
-        raise
-    if not args.json:
-        print(f"started run {workflow_id} on task queue {task_queue}")
-        print(f"  ui: {ui_link(client, workflow_id, handle.result_run_id)}")
-    if not (args.wait or args.follow):
-        if args.json:
-            _print_json({"workflow_id": workflow_id, "run_id": handle.result_run_id})
-        return 0
-    reviewer = None
-    if args.follow and not args.json:
-        interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        reviewer = FollowReviewer(client, workflow_id, args.reviewer, interactive=interactive)
-    result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer)
-    return _report(result, args.json, handle, client)
-
-
-def static_summary(inp: AgentInput) -> str:
-    """The run list's one line: the task, on one line, trimmed."""
-    task = " ".join(inp.task.split())
-    return task if len(task) <= SUMMARY_CHARS else task[: SUMMARY_CHARS - 1] + "…"
-
-
-def static_details(inp: AgentInput) -> str:
-    """Markdown shown on the run's page: the task, the model and the limits it runs under."""
-    task = inp.task if len(inp.task) <= DETAILS_TASK_CHARS else inp.task[:DETAILS_TASK_CHARS] + "…"
-    limits = inp.limits
-    lines = [
-        "**task**",
-        "",
-        *(f"> {line}" if line else ">" for line in task.splitlines()),
-        "",
-        f"**model** {inp.model or 'the worker default (AGENT_MODEL)'}",
-        "",
-        f"**limits** {limits.max_steps} steps · {limits.max_tokens} tokens · ${limits.max_cost_usd:g}"
-        f" · {limits.timeout_s} s",
-        "",
-        f"**tools** {', '.join(inp.tools) if inp.tools is not None else 'all registered'}",
-    ]
-    if inp.tenant:
-        lines += ["", f"**tenant** {inp.tenant}"]
-    if inp.approvers:
-        lines += ["", f"**approvers** {', '.join(inp.approvers)}"]
-    if inp.policy:
-        lines += ["", f"**run policy** {len(inp.policy.get('rules', []))} rule(s)"]
-    return "\n".join(lines)
-
-
-async def _follow(
-    client: Client, handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None = None
-) -> AgentResult:
-    """Wait for the result; unless quiet, print the run's progress events as they happen.
-
-    A reviewer is shown every approval the run starts waiting for (it prompts or prints commands).
-    """
-    try:
-        if quiet:
-            return await _result(handle, asyncio.ensure_future(handle.result()))
-        return await _follow_stream(client, handle, reviewer=reviewer)
-    finally:
-        if reviewer is not None:
-            await reviewer.close()
-
-
-async def _result(handle: WorkflowHandle[Any, AgentResult], result_task: asyncio.Future[AgentResult]) -> AgentResult:
-    try:
-        return await result_task
-    except WorkflowFailureError as err:
-        raise CliError(f"run {handle.id} failed: {err.cause}") from None
-
-
-class _FollowPrinter:
-    """Progress lines for ``run --follow``: held while an approval prompt is open, then printed in order."""
-
-    def __init__(self, handle: WorkflowHandle[Any, AgentResult], reviewer: FollowReviewer | None) -> None:
-        self.handle, self.reviewer = handle, reviewer
-        self.printer = EventPrinter(handle.id, mode=mode_for(False, sys.stdout), show_commands=False)
-        self.held: list[tuple[int, ProgressEvent]] = []
-        self.announced = False
-
-    async def on_event(self, offset: int, event: ProgressEvent) -> None:
-        if event.kind == "started" and not self.announced:
-            await self._announce_model()
-        self.held.append((offset, event))
-        self.flush()
-        if event.kind == "approval_requested" and self.reviewer is not None:
-            view = await self._status()
-            if view is not None:
-                self.reviewer.notice(view.pending_approvals)
-
-    def flush(self, *, force: bool = False) -> None:
-        if self.reviewer is not None and self.reviewer.busy and not force:
-            return
-        held, self.held = self.held, []
-        for offset, event in held:
-            self.printer(offset, event)
-
-    async def _status(self) -> StatusView | None:
-        try:
-            return StatusView.model_validate(await self.handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
-        except (RPCError, RPCTimeoutOrCancelledError):
-            return None
-
-    async def _announce_model(self) -> None:
-        self.announced = True
-        view = await self._status()
-        if view is not None and view.model:
-            note = (
-                "  (offline deterministic model: no model API key configured)"
-                if view.model.startswith("scripted:")
-                else ""
-            )
-            print(f"model: {view.model}{note}", flush=True)
-
-
-async def _follow_stream(
-    client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None
-) -> AgentResult:
-    result_task = asyncio.ensure_future(handle.result())
-    printer = _FollowPrinter(handle, reviewer)
-
-    async def pump() -> None:
-        async for offset, event in events(client, handle.id):
-            await printer.on_event(offset, event)
-
-    watcher = asyncio.ensure_future(pump())
-    while not result_task.done():
-        waiting: set[asyncio.Future[Any]] = {result_task} if watcher.done() else {result_task, watcher}
-        await asyncio.wait(waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-        printer.flush()
-        if watcher.done() and not watcher.cancelled() and watcher.exception() is not None:
-            print(
-                f"warning: progress stream unavailable ({watcher.exception()}); polling the run's status",
-                file=sys.stderr,
-            )
-            return await _poll_loop(handle, result_task, reviewer=reviewer)
-    if not watcher.done():
-        await asyncio.wait({watcher}, timeout=DRAIN_S)  # the run's last events are on their way
-        watcher.cancel()
-    [ended] = await asyncio.gather(watcher, return_exceptions=True)
-    if isinstance(ended, Exception):
-        print(f"warning: the progress stream ended early ({ended}); progress lines may be missing", file=sys.stderr)
-    if reviewer is not None:
-        await reviewer.close()
-    printer.flush(force=True)
-    return await _result(handle, result_task)
-
-
-async def _poll_loop(
-    handle: WorkflowHandle[Any, AgentResult],
-    result_task: asyncio.Future[AgentResult],
-    *,
-    reviewer: FollowReviewer | None,
-) -> AgentResult:
-    """The fallback when the progress stream cannot be read: print the changes the status query shows."""
-    last = ""
-    while not result_task.done():
-        try:
-            view = await handle.query(AgentWorkflow.status)
-        except RPCError:
-            view = None  # no worker polling yet, or the run just closed
-        if view is not None and not (reviewer is not None and reviewer.busy):
-            line = f"[step {view.step}] {view.state}: {view.last_event}"
-            if line != last:
-                print(line, flush=True)
-                last = line
-        if view is not None and reviewer is not None:
-            reviewer.notice(view.pending_approvals)
-        await asyncio.wait({result_task}, timeout=0.5)
-    return await _result(handle, result_task)
-
-
-def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any], client: Client) -> int:
-    if as_json:
-        _print_json({"workflow_id": handle.id, **result.model_dump()})
-    else:
-        print(
-            f"\nstatus: {result.status}   steps: {result.steps}   tokens: "
-            f"{result.usage.input_tokens} in / {result.usage.output_tokens} out   cost: ${result.usage.cost_usd:.4f}"
-        )
-        print(f"\n{result.output}\n")
-        print(f"run id: {handle.id}")
-        print(f"ui:     {ui_link(client, handle.id, None)}")
-    return 0 if result.status == "completed" else 1
-
-
 async def _describe(client: Client, workflow_id: str) -> Any:
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -400,7 +168,7 @@ async def cmd_status(client: Client, args: argparse.Namespace) -> int:
     else:
         data = {"workflow_id": args.workflow_id, "state": desc.status.name.lower() if desc.status else "unknown"}
     if args.json:
-        _print_json(data)
+        print_json(data)
         return 0
     for key, value in data.items():
         if key == "pending_approvals":
@@ -436,7 +204,7 @@ async def cmd_list(client: Client, args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        _print_json(rows)
+        print_json(rows)
     elif not rows:
         print("no runs yet")
     else:
