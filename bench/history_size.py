@@ -19,12 +19,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.message import Message as ProtoMessage
-from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHistory
@@ -34,6 +31,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.config import Settings
 from activities.runtime import Runtime
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.history_payloads import payloads
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, Limits
@@ -56,23 +54,6 @@ def scripted_model(turns: int, size: int) -> Any:
         return Scripted(tool_calls=[("read_file", json.dumps({"path": "data.txt"}))])
 
     return reply
-
-
-def _payloads(message: ProtoMessage) -> Iterator[Payload]:
-    if isinstance(message, Payload):
-        yield message
-        return
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        if isinstance(value, ProtoMessage):
-            items = [value]
-        elif field.message_type.GetOptions().map_entry:
-            items = [v for v in value.values() if isinstance(v, ProtoMessage)]
-        else:
-            items = list(value)
-        for item in items:
-            yield from _payloads(item)
 
 
 async def run_histories(client: Client, workflow_id: str, first_run_id: str) -> list[WorkflowHistory]:
@@ -123,7 +104,7 @@ async def measure(turns: int, kb: int) -> dict[str, Any]:
     json_bytes = [len(h.to_json()) for h in histories]
     proto_bytes = [History(events=h.events).ByteSize() for h in histories]
     events = [len(h.events) for h in histories]
-    largest = max((p.ByteSize() for h in histories for e in h.events for p in _payloads(e)), default=0)
+    largest = max((p.ByteSize() for h in histories for e in h.events for p in payloads(e)), default=0)
     total_json = sum(json_bytes)
     return {
         "turns": turns,

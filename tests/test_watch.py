@@ -14,18 +14,15 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from durable_agents.watch import EventPrinter, watch
-from tests.conftest import TEMPORAL_CLI, WorkerFactory
+from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
@@ -33,7 +30,6 @@ from workflows.progress import ProgressEvent
 from workflows.types import AgentInput, AgentResult, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
-CAN_AFTER_EVENTS = 40
 
 
 def get(sink: HttpSink, path: str) -> tuple[str, str]:
@@ -148,22 +144,6 @@ def test_printer_renders_rich_and_plain() -> None:
 
 
 # --- continue-as-new ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-async def can_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server of its own that suggests continue-as-new after a few dozen events."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(TEMPORAL_CLI),
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            f"limit.historyCount.suggestContinueAsNew={CAN_AFTER_EVENTS}",
-        ],
-    )
-    yield env
-    await env.shutdown()
 
 
 def reads_until(sink: HttpSink, turns: int) -> Any:

@@ -10,31 +10,26 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from google.protobuf.message import Message as ProtoMessage
-from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.models.activity import ModelActivities
 from activities.runtime import Runtime
 from activities.tools.activity import tool_activities
-from tests.conftest import TEMPORAL_CLI, WorkerFactory, require_bwrap, with_settings
+from tests.conftest import WorkerFactory, require_bwrap, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.history_payloads import payloads
 from workflows.agent import AgentWorkflow
 from workflows.identity import sandbox_id_for
 from workflows.types import AgentInput, AgentResult, Limits, Message, ModelRequest, ToolInvocation, TranscriptEntry
 
 KB = 1024
 PAYLOAD_LIMIT = 256 * KB  # no single history payload may come near Temporal's per-payload limits
-CAN_AFTER_EVENTS = 40  # the separate server suggests continue-as-new this early
 
 
 async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandle[AgentWorkflow, AgentResult]:
@@ -55,26 +50,8 @@ def sandbox_dir(runtime: Runtime, handle: WorkflowHandle[Any, Any], first_run_id
     return Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id_for(f"{handle.id}/{first_run_id}")
 
 
-def _payloads(message: ProtoMessage) -> Iterator[Payload]:
-    """Every ``Payload`` anywhere inside ``message`` (inputs, results, markers, failures, memos...)."""
-    if isinstance(message, Payload):
-        yield message
-        return
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        if isinstance(value, ProtoMessage):
-            items = [value]
-        elif field.message_type.GetOptions().map_entry:
-            items = [v for v in value.values() if isinstance(v, ProtoMessage)]
-        else:  # a repeated field
-            items = list(value)
-        for item in items:
-            yield from _payloads(item)
-
-
 def largest_payload(history: WorkflowHistory) -> int:
-    return max((p.ByteSize() for event in history.events for p in _payloads(event)), default=0)
+    return max((p.ByteSize() for event in history.events for p in payloads(event)), default=0)
 
 
 def history_bytes(history: WorkflowHistory) -> int:
@@ -135,22 +112,6 @@ async def test_timeout_bounds_a_slow_model_turn(
 
 
 # --- continue-as-new -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-async def can_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server of its own that suggests continue-as-new after a few dozen events."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(TEMPORAL_CLI),
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            f"limit.historyCount.suggestContinueAsNew={CAN_AFTER_EVENTS}",
-        ],
-    )
-    yield env
-    await env.shutdown()
 
 
 def write_until(turns: int) -> Any:
