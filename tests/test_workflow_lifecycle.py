@@ -75,10 +75,10 @@ async def test_cancel_stops_the_tool_and_removes_the_sandbox(
         last_event = ""
         for _ in range(200):  # bounded: at most ~10 s
             last_event = (await handle.query(AgentWorkflow.status)).last_event
-            if "run_shell" in last_event:
+            if "running run_shell" in last_event:  # tool_started comes after the sandbox exists
                 break
             await asyncio.sleep(0.05)
-        assert "run_shell" in last_event, f"the tool never started; last event: {last_event!r}"
+        assert "running run_shell" in last_event, f"the tool never started; last event: {last_event!r}"
         assert workspace.is_dir(), "the run's sandbox should exist while run_shell runs"
 
         await handle.cancel()
