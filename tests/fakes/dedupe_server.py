@@ -100,7 +100,7 @@ class DedupeServer:
         if self._server is not None:
             return self
         self._stopping.clear()
-        server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
+        server = QuietServer(("127.0.0.1", 0), _handler_for(self))
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="dedupe-server", daemon=True
@@ -220,7 +220,7 @@ class DedupeServer:
         return seconds <= 0 or not self._stopping.wait(seconds)
 
 
-class _QuietServer(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
     """Clients that die mid-request (the point of crash tests) are not server errors worth a traceback."""
 
     daemon_threads = True

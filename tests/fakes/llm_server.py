@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.fakes.dedupe_server import QuietServer
+
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
 
@@ -85,7 +87,7 @@ class FakeLLMServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        httpd = QuietServer(("127.0.0.1", 0), _handler_for(self))
         httpd.daemon_threads = True
         self._httpd = httpd
         # A short poll interval keeps stop() (which waits for one poll) from slowing every test down.
