@@ -15,6 +15,7 @@ Errors, and what the tool activity does with them:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Protocol
@@ -52,6 +53,16 @@ class SandboxTransient(RuntimeError):
     tool error for the model, while this one must fail the attempt so that Temporal
     retries it.
     """
+
+
+SANDBOX_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+MAX_READ_BYTES = 1024 * 1024  # read_file's cap, whatever the backend
+
+
+def validate_sandbox_id(sandbox_id: str) -> None:
+    """Refuse ids that are not a single safe path component (every backend uses them as names)."""
+    if not SANDBOX_ID_RE.match(sandbox_id) or sandbox_id in (".", ".."):
+        raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use 1-80 characters of A-Z a-z 0-9 _ . -")
 
 
 def workspace_relative(path: str, *, allow_root: bool = False) -> PurePosixPath:

@@ -52,6 +52,7 @@ from pydantic import SecretStr
 
 from activities.config import redact
 from activities.sandbox.base import (
+    MAX_READ_BYTES,
     META_RUN,
     META_TENANT,
     WORKSPACE,
@@ -62,9 +63,10 @@ from activities.sandbox.base import (
     SandboxRecord,
     SandboxTransient,
     SandboxUnavailable,
+    validate_sandbox_id,
     workspace_relative,
 )
-from activities.sandbox.local import MAX_READ_BYTES, SANDBOX_ID_RE, LocalLimits
+from activities.sandbox.local_limits import LocalLimits
 
 log = logging.getLogger(__name__)
 
@@ -342,10 +344,6 @@ class E2BSandboxBackend:
         # raised outside the handler: no __context__ chain back to the SDK's exception
         raise translated
 
-    def _validate(self, sandbox_id: str) -> None:
-        if not SANDBOX_ID_RE.match(sandbox_id) or sandbox_id in (".", ".."):
-            raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use 1-80 characters of A-Z a-z 0-9 _ . -")
-
     async def _list(self, metadata: dict[str, str]) -> list[Any]:
         async def paginate() -> Any:  # building the paginator sends nothing, but keep its errors translated too
             return self.sdk.list(query=e2b.SandboxQuery(metadata=metadata), limit=100, **self._opts)
@@ -395,7 +393,7 @@ class E2BSandboxBackend:
 
     async def create(self, sandbox_id: str, *, metadata: dict[str, str] | None = None) -> E2BSandbox:
         """The VM for ``sandbox_id``: an existing one (found by metadata) or a new one (idempotency-keyed)."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         return await self._create(sandbox_id, metadata, nonce="")
 
     async def _create(self, sandbox_id: str, metadata: Mapping[str, str] | None, *, nonce: str) -> E2BSandbox:
@@ -426,7 +424,7 @@ class E2BSandboxBackend:
 
     async def connect(self, sandbox_id: str) -> E2BSandbox:
         """Attach to the run's VM; :class:`SandboxMissing` when it expired, was killed or never existed."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         cached = self._refs.get(sandbox_id)
         if cached is not None:
             try:
@@ -451,7 +449,7 @@ class E2BSandboxBackend:
 
     async def kill(self, sandbox_id: str) -> bool:
         """Kill every VM carrying ``sandbox_id`` (idempotent); ``True`` if one was killed."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         refs = {info.sandbox_id for info in await self._find(sandbox_id)}
         cached = self._refs.pop(sandbox_id, None)
         if cached:

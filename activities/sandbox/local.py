@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import stat
 import threading
@@ -39,22 +38,23 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from activities.sandbox.base import (
+    MAX_READ_BYTES,
     META_RUN,
     META_TENANT,
+    SANDBOX_ID_RE,
     WORKSPACE,
     CommandResult,
     Connection,
     SandboxError,
     SandboxMissing,
     SandboxRecord,
+    validate_sandbox_id,
     workspace_relative,
 )
 from activities.sandbox.bwrap import INSTALL_HINT, build_spawn, clear_probe_cache, require_bwrap
 from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for, uid_base_from_env
 from activities.sandbox.processes import execute, killpg
 
-SANDBOX_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
-MAX_READ_BYTES = 1024 * 1024
 META_FILE = "meta.json"
 
 
@@ -230,10 +230,6 @@ class LocalSandboxBackend:
         self.running: dict[str, set[asyncio.subprocess.Process]] = {}
         self.uid_base = uid_base_from_env() if uid_base is None else uid_base
 
-    def _validate(self, sandbox_id: str) -> None:
-        if not SANDBOX_ID_RE.match(sandbox_id) or sandbox_id in (".", ".."):
-            raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use 1-80 characters of A-Z a-z 0-9 _ . -")
-
     def _owner(self, sandbox_id: str, meta: Mapping[str, Any]) -> tuple[int, int] | None:
         """The host uid/gid commands run as: ``None`` (the worker's own) unless the worker is root."""
         if os.geteuid() != 0:
@@ -246,7 +242,7 @@ class LocalSandboxBackend:
 
     async def create(self, sandbox_id: str, *, metadata: dict[str, str] | None = None) -> LocalSandbox:
         """Create the workspace and ``meta.json`` (or reuse existing ones); fails closed when bwrap is unusable."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         await asyncio.to_thread(require_bwrap)
         return await asyncio.to_thread(self._create_sync, sandbox_id, dict(metadata or {}))
 
@@ -273,7 +269,7 @@ class LocalSandboxBackend:
 
     async def connect(self, sandbox_id: str) -> LocalSandbox:
         """Attach to an existing sandbox; :class:`SandboxMissing` when its workspace does not exist."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         meta = await asyncio.to_thread(_read_meta, self.root / sandbox_id)
         sandbox = LocalSandbox(self, sandbox_id, self._owner(sandbox_id, meta))
         sandbox._check_alive()
@@ -291,7 +287,7 @@ class LocalSandboxBackend:
 
     async def kill(self, sandbox_id: str) -> bool:
         """Kill the sandbox's running commands and delete its directory; ``True`` if it existed."""
-        self._validate(sandbox_id)
+        validate_sandbox_id(sandbox_id)
         for proc in list(self.running.pop(sandbox_id, ())):
             killpg(proc)
         directory = self.root / sandbox_id
