@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -28,6 +28,8 @@ from activities.runtime import Runtime
 from activities.tools.registry import ToolContext, tool
 from tests.fakes.llm_server import FakeLLMServer
 from worker import build_worker
+from workflows.agent import AgentWorkflow
+from workflows.types import AgentInput, AgentResult
 
 pytest_plugins = ["tests.pg"]
 
@@ -134,6 +136,16 @@ def run_worker(cache_mode: str) -> WorkerFactory:
             yield task_queue
 
     return start
+
+
+async def start_agent(
+    client: Client, task_queue: str, *, id_prefix: str = "wf", **fields: Any
+) -> WorkflowHandle[AgentWorkflow, AgentResult]:
+    """Start an ``AgentWorkflow`` with a fresh id; ``fields`` are ``AgentInput`` fields (``task`` defaulted)."""
+    fields.setdefault("task", "test task")
+    return await client.start_workflow(
+        AgentWorkflow.run, AgentInput(**fields), id=f"{id_prefix}-{uuid.uuid4().hex[:10]}", task_queue=task_queue
+    )
 
 
 def with_settings(runtime: Runtime, **changes: Any) -> Runtime:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -14,12 +13,11 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.conftest import WorkerFactory, with_settings
+from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
 from workflows.types import (
-    AgentInput,
     AgentResult,
     ApproveSignal,
     DecideRequest,
@@ -41,9 +39,7 @@ def post(sink: HttpSink, sku: int) -> tuple[str, str]:
 
 async def start(client: Client, tq: str, **fields: Any) -> WorkflowHandle[AgentWorkflow, AgentResult]:
     fields.setdefault("task", "place orders")
-    return await client.start_workflow(
-        AgentWorkflow.run, AgentInput(**fields), id=f"ap-{uuid.uuid4().hex[:10]}", task_queue=tq
-    )
+    return await start_agent(client, tq, id_prefix="ap", **fields)
 
 
 async def pending(handle: WorkflowHandle[AgentWorkflow, AgentResult], count: int = 1) -> StatusView:

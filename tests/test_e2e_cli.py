@@ -52,6 +52,13 @@ class Cli:
             timeout=60,
         )
 
+    def start_run(self, workflow_id: str, input_json: str) -> subprocess.CompletedProcess[str]:
+        """``temporal workflow start`` of an AgentWorkflow on this worker's task queue."""
+        return self.temporal(
+            "workflow", "start", "--type", "AgentWorkflow", "--task-queue", self.env["AGENT_TASK_QUEUE"],
+            "--workflow-id", workflow_id, "--input", input_json,
+        )  # fmt: skip
+
     def temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(TEMPORAL_CLI), *args, "--address", self.address],
@@ -114,11 +121,7 @@ def test_starter_runs_and_reports(worker_env: tuple[Cli, Path], llm: FakeLLMServ
 
 def test_temporal_cli_with_defaults_only_task(worker_env: tuple[Cli, Path], llm: FakeLLMServer) -> None:
     cli, _ = worker_env
-    queue = cli.env["AGENT_TASK_QUEUE"]
-    started = cli.temporal(
-        "workflow", "start", "--type", "AgentWorkflow", "--task-queue", queue,
-        "--workflow-id", "e2e-cli", "--input", '{"task": "say hi"}',
-    )  # fmt: skip
+    started = cli.start_run("e2e-cli", '{"task": "say hi"}')
     assert started.returncode == 0, started.stderr
     result = cli.temporal("workflow", "result", "--workflow-id", "e2e-cli", "--output", "json")
     assert result.returncode == 0, result.stderr
@@ -153,12 +156,8 @@ def test_starter_errors_are_one_line(worker_env: tuple[Cli, Path]) -> None:
 
 def test_bad_input_and_bad_signals_are_refused_cleanly(worker_env: tuple[Cli, Path], llm: FakeLLMServer) -> None:
     cli, _ = worker_env
-    queue = cli.env["AGENT_TASK_QUEUE"]
     # A start without `task` fails the run at once with the reason (it does not retry a task forever).
-    started = cli.temporal(
-        "workflow", "start", "--type", "AgentWorkflow", "--task-queue", queue,
-        "--workflow-id", "e2e-bad-input", "--input", '{"tsk": "typo"}',
-    )  # fmt: skip
+    started = cli.start_run("e2e-bad-input", '{"tsk": "typo"}')
     assert started.returncode == 0, started.stderr
     result = cli.temporal("workflow", "result", "--workflow-id", "e2e-bad-input")
     assert result.returncode != 0
@@ -167,10 +166,7 @@ def test_bad_input_and_bad_signals_are_refused_cleanly(worker_env: tuple[Cli, Pa
     # A malformed signal is dropped and logged; the run goes on and completes.
     llm.enqueue(Scripted(tool_calls=[("http_request", '{"method": "POST", "url": "http://127.0.0.1:9/x"}')]))
     llm.enqueue(Scripted(text="finished anyway"))
-    cli.temporal(
-        "workflow", "start", "--type", "AgentWorkflow", "--task-queue", queue,
-        "--workflow-id", "e2e-bad-signal", "--input", '{"task": "post something"}',
-    )  # fmt: skip
+    cli.start_run("e2e-bad-signal", '{"task": "post something"}')
     deadline = time.monotonic() + 20
     pending: list[dict[str, Any]] = []
     while not pending and time.monotonic() < deadline:

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from durable_agents.watch import EventPrinter, watch
-from tests.conftest import WorkerFactory
+from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from workflows.agent import AgentWorkflow
 from workflows.progress import ProgressEvent
-from workflows.types import AgentInput, AgentResult, Limits
+from workflows.types import AgentResult, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +35,8 @@ def get(sink: HttpSink, path: str) -> tuple[str, str]:
 
 
 async def start(client: Client, task_queue: str, **fields: Any) -> str:
-    workflow_id = f"watch-{uuid.uuid4().hex[:10]}"
     fields.setdefault("task", "watch me")
-    await client.start_workflow(AgentWorkflow.run, AgentInput(**fields), id=workflow_id, task_queue=task_queue)
-    return workflow_id
+    return (await start_agent(client, task_queue, id_prefix="watch", **fields)).id
 
 
 async def collect(client: Client, workflow_id: str, from_offset: int = 0) -> list[tuple[int, ProgressEvent]]:

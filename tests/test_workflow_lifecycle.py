@@ -15,31 +15,21 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.models.activity import ModelActivities
 from activities.runtime import Runtime
 from activities.tools.activity import tool_activities
-from tests.conftest import WorkerFactory, require_bwrap, with_settings
+from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
 from workflows.agent import AgentWorkflow
 from workflows.identity import sandbox_id_for
-from workflows.types import AgentInput, AgentResult, Limits, Message, ModelRequest, ToolInvocation, TranscriptEntry
+from workflows.types import AgentResult, Limits, Message, ModelRequest, ToolInvocation, TranscriptEntry
 
 KB = 1024
 PAYLOAD_LIMIT = 256 * KB  # no single history payload may come near Temporal's per-payload limits
-
-
-async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandle[AgentWorkflow, AgentResult]:
-    fields.setdefault("task", "test task")
-    return await client.start_workflow(
-        AgentWorkflow.run,
-        AgentInput(**fields),
-        id=f"wf-{uuid.uuid4().hex[:10]}",
-        task_queue=task_queue,
-    )
 
 
 def chat_requests(llm: FakeLLMServer) -> list[dict[str, Any]]:
@@ -69,7 +59,7 @@ async def test_cancel_stops_the_tool_and_removes_the_sandbox(
     llm.enqueue(Scripted(tool_calls=[("run_shell", json.dumps({"command": "sleep 30"}))]))
     llm.default = Scripted(text="the run went on after it was cancelled")
     async with run_worker(dev_env.client, runtime) as tq:
-        handle = await start(dev_env.client, tq, task="sleep for a while")
+        handle = await start_agent(dev_env.client, tq, task="sleep for a while")
         first_run_id = handle.result_run_id or ""
         workspace = sandbox_dir(runtime, handle, first_run_id) / "workspace"
         last_event = ""
@@ -102,7 +92,7 @@ async def test_timeout_bounds_a_slow_model_turn(
 ) -> None:
     llm.enqueue(Scripted(text="far too late", delay_s=2.5))
     async with run_worker(dev_env.client, runtime) as tq:
-        handle = await start(dev_env.client, tq, limits=Limits(timeout_s=1))
+        handle = await start_agent(dev_env.client, tq, limits=Limits(timeout_s=1))
         result = await handle.result()
 
     assert result.status == "limit_exceeded", result
@@ -138,7 +128,7 @@ async def test_continue_as_new_keeps_the_run_whole(
     llm.default = write_until(turns)
     client = can_env.client
     async with run_worker(client, runtime) as tq:
-        handle = await start(client, tq, task="write twelve files", limits=Limits(max_steps=50))
+        handle = await start_agent(client, tq, task="write twelve files", limits=Limits(max_steps=50))
         first_run_id = handle.result_run_id or ""
         result = await handle.result()
         latest = await client.get_workflow_handle(handle.id).describe()
@@ -192,7 +182,7 @@ async def run_reader(
         rt = with_settings(runtime, openai_base_url=llm.openai_url, anthropic_base_url=llm.anthropic_url)
         try:
             async with run_worker(env.client, rt) as tq:
-                handle = await start(env.client, tq, task="read the file", limits=Limits(max_steps=turns + 5))
+                handle = await start_agent(env.client, tq, task="read the file", limits=Limits(max_steps=turns + 5))
                 result = await handle.result()
                 history = await handle.fetch_history()
         finally:

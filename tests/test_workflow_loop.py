@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.conftest import WorkerFactory
+from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, Limits
-
-
-async def start(client: Client, task_queue: str, **fields: Any) -> WorkflowHandle[AgentWorkflow, AgentResult]:
-    fields.setdefault("task", "test task")
-    return await client.start_workflow(
-        AgentWorkflow.run,
-        AgentInput(**fields),
-        id=f"wf-{uuid.uuid4().hex[:10]}",
-        task_queue=task_queue,
-    )
+from workflows.types import Limits
 
 
 def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,7 +27,7 @@ async def test_tool_round_trip_completes(
         Scripted(text="the file says hello", input_tokens=100, output_tokens=7),
     )
     async with run_worker(dev_env.client, runtime) as tq:
-        handle = await start(dev_env.client, tq, task="write and read a file")
+        handle = await start_agent(dev_env.client, tq, task="write and read a file")
         result = await handle.result()
         status = await handle.query(AgentWorkflow.status)
 
@@ -78,7 +66,7 @@ async def test_bad_model_output_becomes_tool_errors(
         Scripted(text="recovered"),
     )
     async with run_worker(dev_env.client, runtime) as tq:
-        result = await (await start(dev_env.client, tq)).result()
+        result = await (await start_agent(dev_env.client, tq)).result()
 
     assert result.status == "completed" and result.output == "recovered"
     second = llm.requests[1]["body"]["messages"]
@@ -100,7 +88,7 @@ async def test_max_steps_limit_keeps_partial_transcript(
 ) -> None:
     llm.default = Scripted(tool_calls=[("launch_rockets", "{}")])
     async with run_worker(dev_env.client, runtime) as tq:
-        handle = await start(dev_env.client, tq, limits=Limits(max_steps=3))
+        handle = await start_agent(dev_env.client, tq, limits=Limits(max_steps=3))
         result = await handle.result()
     assert result.status == "limit_exceeded"
     assert "max_steps=3" in result.output
@@ -117,10 +105,10 @@ async def test_token_and_cost_limits(
 ) -> None:
     llm.default = Scripted(tool_calls=[("launch_rockets", "{}")], input_tokens=600, output_tokens=100)
     async with run_worker(dev_env.client, runtime) as tq:
-        by_tokens = await (await start(dev_env.client, tq, limits=Limits(max_tokens=1500))).result()
+        by_tokens = await (await start_agent(dev_env.client, tq, limits=Limits(max_tokens=1500))).result()
         # gpt-4o: $2.50 / $10 per million → 600 in + 100 out = $0.0025 per turn.
         by_cost = await (
-            await start(dev_env.client, tq, model="openai:gpt-4o", limits=Limits(max_cost_usd=0.006))
+            await start_agent(dev_env.client, tq, model="openai:gpt-4o", limits=Limits(max_cost_usd=0.006))
         ).result()
     assert by_tokens.status == "limit_exceeded" and "max_tokens=1500" in by_tokens.output
     assert by_tokens.steps == 3 and by_tokens.usage.input_tokens == 1800
@@ -133,7 +121,7 @@ async def test_fatal_model_error_fails_the_run_without_retry(
 ) -> None:
     llm.enqueue(Scripted(status=401, text="Incorrect API key provided"))
     async with run_worker(dev_env.client, runtime) as tq:
-        result = await (await start(dev_env.client, tq)).result()
+        result = await (await start_agent(dev_env.client, tq)).result()
     assert result.status == "failed"
     assert "Incorrect API key provided" in result.output
     assert len(llm.requests) == 1
@@ -148,7 +136,7 @@ async def test_server_errors_are_retried(
         Scripted(text="third time lucky"),
     )
     async with run_worker(dev_env.client, runtime) as tq:
-        result = await (await start(dev_env.client, tq)).result()
+        result = await (await start_agent(dev_env.client, tq)).result()
     assert result.status == "completed" and result.output == "third time lucky"
     assert len(llm.requests) == 3
     assert result.steps == 1
@@ -160,7 +148,7 @@ async def test_unknown_model_is_refused_at_start(
     from temporalio.client import WorkflowFailureError
 
     async with run_worker(dev_env.client, runtime) as tq:
-        handle = await start(dev_env.client, tq, model="gpt-4o")
+        handle = await start_agent(dev_env.client, tq, model="gpt-4o")
         try:
             await handle.result()
         except WorkflowFailureError as err:
