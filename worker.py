@@ -10,11 +10,9 @@ Configuration comes from the environment (see README / DESIGN.md):
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import structlog
 from temporalio.client import Client
@@ -22,6 +20,7 @@ from temporalio.worker import Worker
 
 from activities.config import Settings
 from activities.runtime import Runtime, all_activities
+from activities.store.factory import display_url
 from durable_agents import logs, telemetry
 from durable_agents.client import TemporalUnavailable, connect, exit_process
 from durable_agents.reaping import reap_forever
@@ -43,21 +42,14 @@ def build_worker(client: Client, runtime: Runtime, *, task_queue: str, **options
     )
 
 
-def _url_password(url: str) -> str:
-    try:
-        return urlsplit(url).password or ""
-    except ValueError:
-        return ""
-
-
-def _without_password(url: str) -> str:
-    password = _url_password(url)
-    return url.replace(f":{password}@", ":***@", 1) if password else url
-
-
 async def main() -> int:
-    settings = Settings.from_env()
-    logs.configure(secrets=[*settings.secret_values(), _url_password(settings.store_url)])
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        logs.configure()
+        log.error("bad_configuration", error=str(exc))
+        return 2
+    logs.configure(secrets=settings.secret_values())
     try:
         return await _serve(settings)
     finally:
@@ -89,15 +81,13 @@ async def _serve(settings: Settings) -> int:
         namespace=client.namespace,
         model=settings.model,
         sandbox=settings.sandbox,
-        store=_without_password(settings.store_url),
+        store=display_url(settings.store_url),
         search_attributes=runtime.search_attributes_ready,
         tracing=telemetry.tracing_enabled(),
         metrics_port=telemetry.metrics_port(),
     )
-    reap_every_s = float(os.environ.get("AGENT_REAP_INTERVAL_S", "600"))
-    reaper = (
-        asyncio.create_task(reap_forever(client, runtime.sandbox_backend, reap_every_s)) if reap_every_s > 0 else None
-    )
+    every_s = settings.reap_interval_s
+    reaper = asyncio.create_task(reap_forever(client, runtime.sandbox_backend, every_s)) if every_s > 0 else None
     async with worker:
         await stop.wait()
         log.info("worker_stopping")

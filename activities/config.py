@@ -7,8 +7,9 @@ logged by accident shows ``**********`` instead of a key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
@@ -26,8 +27,6 @@ def _host_list(raw: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Settings:
-    temporal_address: str = "localhost:7233"
-    temporal_namespace: str = "default"
     task_queue: str = "agents"
     model: str = ""
     openai_base_url: str = "https://api.openai.com/v1"
@@ -42,7 +41,7 @@ class Settings:
     prices_file: str = ""
     policy_file: str = ""
     approval_key: SecretStr | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    reap_interval_s: float = 600.0  # 0: the worker never reaps sandboxes
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -52,8 +51,6 @@ class Settings:
         e2b_key = _secret("E2B_API_KEY")
         state_dir = Path(env.get("AGENT_STATE_DIR", str(DEFAULT_STATE_DIR)))
         return cls(
-            temporal_address=env.get("TEMPORAL_ADDRESS", "localhost:7233"),
-            temporal_namespace=env.get("TEMPORAL_NAMESPACE", "default"),
             task_queue=env.get("AGENT_TASK_QUEUE", "agents"),
             model=env.get("AGENT_MODEL", "").strip() or default_model(openai_key, anthropic_key),
             openai_base_url=env.get("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/"),
@@ -68,15 +65,37 @@ class Settings:
             prices_file=env.get("AGENT_PRICES", ""),
             policy_file=env.get("AGENT_POLICY_FILE", ""),
             approval_key=_secret("AGENT_APPROVAL_KEY"),
+            reap_interval_s=_seconds("AGENT_REAP_INTERVAL_S", 600.0),
         )
 
     def secret_values(self) -> list[str]:
-        """Every configured secret, for redaction of error text."""
-        return [
+        """Every configured secret (API keys, the approval key, the store URL's password), for redaction."""
+        keys = [
             s.get_secret_value()
             for s in (self.openai_api_key, self.anthropic_api_key, self.e2b_api_key, self.approval_key)
             if s is not None and s.get_secret_value()
         ]
+        return [*keys, url_password(self.store_url)] if url_password(self.store_url) else keys
+
+
+def url_password(url: str) -> str:
+    try:
+        return urlsplit(url).password or ""
+    except ValueError:
+        return ""
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds (0 or more)")
+    return value
 
 
 def default_model(openai_key: SecretStr | None, anthropic_key: SecretStr | None) -> str:

@@ -17,3 +17,12 @@ def open_store(url: str) -> RunStore:
         return PostgresRunStore(url)
     path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
     return SQLiteRunStore(path)
+
+
+def display_url(url: str) -> str:
+    """The store URL as logs may show it (a PostgreSQL password is masked)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from activities.store.postgres import redact_url
+
+        return redact_url(url)
+    return url
