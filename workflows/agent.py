@@ -371,7 +371,7 @@ class AgentWorkflow:
         self._last_event = text
         self._reporter.publish(kind, self._step, text, tool, **data)
         view = self.status()
-        workflow.set_current_details(self._details())
+        workflow.set_current_details(details_markdown(workflow.info().workflow_id, view, view.refused[-1:]))
         self._reporter.sync_search_attributes(
             self._search_attributes,
             state=view.state,
@@ -379,11 +379,6 @@ class AgentWorkflow:
             tenant=self._tenant,
             model=self._model,
             cost_usd=self._usage.cost_usd,
-        )
-
-    def _details(self) -> str:
-        return details_markdown(
-            workflow.info().workflow_id, self.status(), self._book.refused[-1:] if self._book.refused else []
         )
 
     def _finish(self, status: ResultStatus, output: str) -> AgentResult:

@@ -52,10 +52,10 @@ class ToolCallRunner:
         earlier ones (write a file, then run it).
         """
         base = carry.transcript_len
-        decisions = {call.id: self._policy_for(call) for call in turn.tool_calls if not call.error}
+        decisions: dict[str, Decision] = {}
         for call in turn.tool_calls:
-            if call.id in decisions:
-                verdict = decisions[call.id]
+            if not call.error:
+                verdict = decisions[call.id] = self._policy_for(call)
                 text = f"turn {carry.step}: {tool_summary(call)} → {verdict.verdict} (rule {verdict.rule})"
                 self.emit("tool_decided", text, call.name, verdict=verdict.verdict, rule=verdict.rule)
         approvals = {
@@ -76,7 +76,7 @@ class ToolCallRunner:
                 carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
                 continue
             self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
-            await self._execute_tool(inp, carry, call, index, seq)
+            await self._execute_tool(inp, carry, call, decisions[call.id], index, seq)
         carry.transcript_len = base + len(turn.tool_calls)
 
     def _policy_for(self, call: ToolCall) -> Decision:
@@ -135,10 +135,11 @@ class ToolCallRunner:
         expired_at = self.book.pending_expiry(aid)
         return f"Error: approval {aid} for {call.name} expired at {expired_at} without a decision; it was not run."
 
-    async def _execute_tool(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
+    async def _execute_tool(
+        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, index: int, seq: int
+    ) -> None:
         workflow_id = workflow.info().workflow_id
         key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
-        decision = self._policy_for(call)
         invocation = ToolInvocation(
             conversation_id=carry.conversation_id,
             workflow_id=workflow_id,
@@ -157,7 +158,7 @@ class ToolCallRunner:
         outcome = await self._invoke(call, invocation)
         while isinstance(outcome, ToolOutcome) and outcome.unknown:
             # Never a blind retry: a human says whether it happened.
-            aid = self._open_approval(inp, carry, call, self._policy_for(call), kind="resolve_unknown_outcome")
+            aid = self._open_approval(inp, carry, call, decision, kind="resolve_unknown_outcome")
             refusal = await self._await_approval(carry, call, aid)
             verdict = self.book.decided[aid]
             if verdict.outcome == "expired":
