@@ -1,9 +1,10 @@
 """Trusted approval helpers: the operator's policy file and decision signatures.
 
-``AGENT_POLICY_FILE`` (JSON, see ``workflows.policy.Policy``) is read when a
-run starts and snapshotted into it. With ``AGENT_APPROVAL_KEY`` set, every
-decision must carry an HMAC made with the same key (``starter.py`` signs when
-the variable is set in its environment); the key never enters a workflow.
+``AGENT_POLICY_FILE`` (JSON, see ``workflows.policy.Policy``) is read and
+validated at worker start and snapshotted into every run that starts. With
+``AGENT_APPROVAL_KEY`` set, every decision must carry an HMAC made with the same
+key (``starter.py`` signs when the variable is set in its environment); the key
+never enters a workflow.
 """
 
 from __future__ import annotations
@@ -13,24 +14,31 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.config import Settings
+from activities.settings import ConfigurationError, Settings
 from workflows.identity import decision_signature
 from workflows.policy import Policy
 from workflows.types import SignatureCheck
 
 
 def load_policy(path: str) -> dict[str, Any]:
-    """The operator policy as a validated plain dict; ``{}`` (defaults) when no file is configured."""
+    """The operator policy as a validated plain dict (defaults when no file is configured).
+
+    ``ConfigurationError`` naming the file when it cannot be read or is not a valid policy.
+    """
     if not path:
         return Policy().model_dump()
     try:
         raw = json.loads(Path(path).read_text())
         return Policy.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "policy"
+        raise ConfigurationError(f"AGENT_POLICY_FILE={path}: {where}: {first['msg']}") from None
     except (OSError, ValueError) as exc:
-        raise ApplicationError(f"AGENT_POLICY_FILE {path}: {exc}", type="InvalidPolicy", non_retryable=True) from None
+        raise ConfigurationError(f"AGENT_POLICY_FILE={path}: {exc}") from None
 
 
 class ApprovalActivities:

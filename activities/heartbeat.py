@@ -9,15 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
+import structlog
 from temporalio import activity
+
+T = TypeVar("T")
+log = structlog.get_logger("activities.heartbeat")
 
 
 @contextlib.asynccontextmanager
 async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[None]:
     """Heartbeat every ``every_s`` seconds inside the block (and await ``on_beat`` each time).
 
-    A no-op when ``every_s <= 0``.
+    A failing ``on_beat`` (the ledger lease renewal while the store restarts) is logged and
+    tried again on the next beat: heartbeats never stop because of it, and its error never
+    replaces the block's own result. A no-op when ``every_s <= 0``.
     """
     if every_s <= 0:
         yield
@@ -27,7 +34,10 @@ async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | 
         while True:
             activity.heartbeat()
             if on_beat is not None:
-                await on_beat()
+                try:
+                    await on_beat()
+                except Exception as exc:
+                    log.warning("heartbeat_callback_failed", error_type=type(exc).__name__, error=str(exc)[:300])
             await asyncio.sleep(every_s)
 
     task = asyncio.create_task(beat())
@@ -37,3 +47,33 @@ async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def persistently(
+    what: str,
+    operation: Callable[[], Awaitable[T]],
+    *,
+    first_delay_s: float = 0.2,
+    max_delay_s: float = 5.0,
+    heartbeat: bool = True,
+) -> T:
+    """Await ``operation`` until it succeeds, backing off between failures (and heartbeating).
+
+    For writes that must not be lost once a side effect happened, such as recording its
+    outcome: the activity's own timeout (or cancellation) is what finally stops it.
+    """
+    delay = first_delay_s
+    attempt = 1
+    while True:
+        try:
+            return await operation()
+        except Exception as exc:
+            log.warning(
+                "store_write_retrying", what=what, attempt=attempt, error_type=type(exc).__name__, error=str(exc)[:300]
+            )
+        if heartbeat:
+            with contextlib.suppress(RuntimeError):  # outside an activity (tests, scripts)
+                activity.heartbeat()
+        await asyncio.sleep(delay)
+        delay = min(max_delay_s, delay * 2)
+        attempt += 1

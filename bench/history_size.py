@@ -28,8 +28,8 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.config import Settings
 from activities.runtime import Runtime
+from activities.settings import ProviderEndpoint, Settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
 from worker import build_worker
@@ -78,7 +78,7 @@ async def measure(turns: int, kb: int) -> dict[str, Any]:
             llm.default = scripted_model(turns, kb * 1024)
             settings = Settings(
                 model="openai:bench-model",
-                openai_base_url=llm.openai_url,
+                openai=ProviderEndpoint(llm.openai_url),
                 store_url=str(Path(tmp) / "store.sqlite3"),
                 state_dir=Path(tmp) / "agent",
             )

@@ -2,9 +2,9 @@
 
 Connection settings come from ``temporalio.envconfig`` (profiles in
 ``temporal.toml`` and the standard ``TEMPORAL_*`` variables, so Temporal Cloud's
-TLS and API keys work unchanged), with ``TEMPORAL_ADDRESS`` /
-``TEMPORAL_NAMESPACE`` defaulting to ``localhost:7233`` / ``default``. Payloads
-use the pydantic data converter.
+TLS and API keys work unchanged), with ``Settings.temporal``'s address and
+namespace (``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``, defaulting to
+``localhost:7233`` / ``default``). Payloads use the pydantic data converter.
 """
 
 from __future__ import annotations
@@ -19,20 +19,24 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import Runtime
 
+from activities.settings import TemporalSettings
+
 
 class TemporalUnavailable(Exception):
     """No Temporal server answered at the configured address."""
 
 
-def connect_config() -> dict[str, Any]:
-    profile = ClientConfigProfile.load(profile=os.environ.get("TEMPORAL_PROFILE") or None)
+def connect_config(temporal: TemporalSettings) -> dict[str, Any]:
+    """Client options: the ``temporal.toml`` profile (TLS, API key) under the settings' address and namespace."""
+    profile = ClientConfigProfile.load(profile=temporal.profile or None)
     config: dict[str, Any] = dict(profile.to_client_connect_config())
-    config.setdefault("target_host", os.environ.get("TEMPORAL_ADDRESS") or "localhost:7233")
-    config.setdefault("namespace", os.environ.get("TEMPORAL_NAMESPACE") or "default")
+    config.setdefault("target_host", temporal.address)
+    config.setdefault("namespace", temporal.namespace)
     return config
 
 
 async def connect(
+    temporal: TemporalSettings,
     *,
     interceptors: Sequence[Interceptor] = (),
     plugins: Sequence[Plugin] = (),
@@ -43,7 +47,7 @@ async def connect(
     ``plugins`` (e.g. ``durable_agents.telemetry.temporal_plugins()``) also apply to workers built on
     the client; ``runtime`` carries the metrics configuration (``telemetry.temporal_runtime()``).
     """
-    config = connect_config()
+    config = connect_config(temporal)
     try:
         return await Client.connect(
             data_converter=pydantic_data_converter,

@@ -13,10 +13,8 @@ every line, whatever its level.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from collections.abc import Iterable, Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 import structlog
@@ -88,7 +86,7 @@ class Redactor:
 
 
 def configure(level: str | None = None, *, json: bool | None = None, secrets: Iterable[str] = ()) -> None:
-    level_name = (level or os.environ.get("AGENT_LOG_LEVEL") or "INFO").upper()
+    level_name = (level or "INFO").upper()
     as_json = json if json is not None else not sys.stderr.isatty()
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -127,17 +125,3 @@ def configure(level: str | None = None, *, json: bool | None = None, secrets: It
     # httpx logs every request URL at INFO; keep that at WARNING so no query strings leak by default.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
-
-
-@contextmanager
-def activity_context(**fields: Any) -> Iterator[None]:
-    """Bind the running activity's ids (and ``fields``: step, tool, turn...) to every log line inside."""
-    info = activity.info()
-    with structlog.contextvars.bound_contextvars(
-        workflow_id=info.workflow_id,
-        run_id=info.workflow_run_id,
-        activity=info.activity_type,
-        attempt=info.attempt,
-        **fields,
-    ):
-        yield

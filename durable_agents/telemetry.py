@@ -27,10 +27,8 @@ metrics (and the ``agent_*`` counters recorded by the activities through
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 from opentelemetry import trace
@@ -46,15 +44,14 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, S
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
-from temporalio import activity
 from temporalio.contrib.opentelemetry import OpenTelemetryPlugin, ReplaySafeTracerProvider, create_tracer_provider
 from temporalio.plugin import SimplePlugin
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from activities.settings import ObservabilitySettings
+
 log = structlog.get_logger("telemetry")
 
-TRACER_NAME = "durable_agents"
-METRICS_PORT_ENV = "AGENT_METRICS_PORT"
 # Read-only chatter that would otherwise make a root trace per call: status queries and progress-stream polls.
 _QUIET_SPANS = ("QueryWorkflow:", "HandleQuery:")
 _QUIET_MARKERS = ("__temporal_workflow_stream_poll", "__temporal_workflow_stream_offset")
@@ -86,7 +83,7 @@ class QuietSampler(Sampler):
         return "QuietSampler{ParentBased{AlwaysOn}; drops queries and stream polls}"
 
 
-def _exporters(names: list[str]) -> list[SpanExporter]:
+def _exporters(names: Sequence[str], otlp_protocol: str) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     for name in names:
         if name == "console":
@@ -95,11 +92,8 @@ def _exporters(names: list[str]) -> list[SpanExporter]:
                 ConsoleSpanExporter(out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")
             )
         elif name == "otlp":
-            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
-                "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-            )
-            if protocol != "http/protobuf":
-                log.warning("otlp_protocol_unsupported", protocol=protocol, using="http/protobuf")
+            if otlp_protocol != "http/protobuf":
+                log.warning("otlp_protocol_unsupported", protocol=otlp_protocol, using="http/protobuf")
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporters.append(OTLPSpanExporter())
@@ -108,7 +102,12 @@ def _exporters(names: list[str]) -> list[SpanExporter]:
     return exporters
 
 
-def configure_tracing(service_name: str, *, exporter: SpanExporter | None = None) -> ReplaySafeTracerProvider | None:
+def configure_tracing(
+    service_name: str,
+    observability: ObservabilitySettings | None = None,
+    *,
+    exporter: SpanExporter | None = None,
+) -> ReplaySafeTracerProvider | None:
     """Install a global tracer provider as the environment asks; None when tracing is off.
 
     ``exporter`` (tests) is used instead of the environment's, with a synchronous processor.
@@ -117,20 +116,15 @@ def configure_tracing(service_name: str, *, exporter: SpanExporter | None = None
     global _provider
     if _provider is not None:
         return _provider
+    config = observability if observability is not None else ObservabilitySettings()
     if exporter is not None:
         exporters = [exporter]
     else:
-        default = (
-            "otlp"
-            if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            else "none"
-        )
-        names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", default).split(",") if n.strip()]
-        exporters = _exporters(names)
+        exporters = _exporters(config.trace_exporters, config.otlp_protocol)
         if not exporters:
             return None
-    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name})
-    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else QuietSampler()
+    resource = Resource.create({SERVICE_NAME: config.service_name or service_name})
+    sampler = None if config.sampler_configured else QuietSampler()
     provider = create_tracer_provider(sampler=sampler, resource=resource)
     for each in exporters:
         provider.add_span_processor(SimpleSpanProcessor(each) if exporter is not None else BatchSpanProcessor(each))
@@ -162,64 +156,12 @@ def shutdown_tracing() -> None:
         provider.shutdown()
 
 
-def tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
-
-
 # --- metrics -----------------------------------------------------------------------------------
 
 
-def metrics_port() -> int | None:
-    raw = os.environ.get(METRICS_PORT_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        port = int(raw)
-    except ValueError:
-        raise ValueError(f"{METRICS_PORT_ENV} must be a port number, got {raw!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"{METRICS_PORT_ENV} must be a port number, got {raw!r}")
-    return port
-
-
-def temporal_runtime() -> Runtime | None:
+def temporal_runtime(observability: ObservabilitySettings) -> Runtime | None:
     """A Temporal runtime exporting metrics for Prometheus when ``AGENT_METRICS_PORT`` is set, else None."""
-    port = metrics_port()
+    port = observability.metrics_port
     if port is None:
         return None
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}")))
-
-
-def record_model_usage(provider: str, model: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
-    """Count one model call's tokens and cost (``agent_model_tokens``, ``agent_model_cost_microusd``)."""
-    try:
-        meter = activity.metric_meter().with_additional_attributes({"provider": provider, "model": model})
-        tokens = meter.create_counter("agent_model_tokens", "Model tokens used, by token type", "tokens")
-        tokens.add(input_tokens, {"token_type": "input"})
-        tokens.add(output_tokens, {"token_type": "output"})
-        meter.create_counter("agent_model_cost_microusd", "Model cost in millionths of a US dollar", "microusd").add(
-            round(cost_usd * 1_000_000)
-        )
-    except Exception as exc:  # metrics never fail an activity (a retry would call the model again)
-        log.debug("metrics_unavailable", error=str(exc))
-
-
-def record_tool_call(tool: str, verdict: str, outcome: str) -> None:
-    """Count one tool activity by the policy verdict that let it run and its outcome (``agent_tool_calls``)."""
-    try:
-        activity.metric_meter().create_counter("agent_tool_calls", "Tool activity executions", "calls").add(
-            1, {"tool": tool, "verdict": verdict or "unrecorded", "outcome": outcome}
-        )
-    except Exception as exc:  # metrics never fail an activity
-        log.debug("metrics_unavailable", error=str(exc))
-
-
-def gen_ai_chat_attributes(provider: str, model: str, conversation_id: str) -> dict[str, Any]:
-    """Request-side attributes of a ``chat <model>`` span (OpenTelemetry GenAI semantic conventions)."""
-    return {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": provider,
-        "gen_ai.system": provider,  # the attribute's older name, still read by many backends
-        "gen_ai.request.model": model,
-        "gen_ai.conversation.id": conversation_id,
-    }

@@ -19,8 +19,8 @@ from pathlib import Path
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.config import Settings
 from activities.runtime import Runtime
+from activities.settings import ProviderEndpoint, Settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer
 from tests.scenarios import SCENARIOS
@@ -39,7 +39,7 @@ async def record(names: list[str]) -> None:
             with tempfile.TemporaryDirectory() as tmp, FakeLLMServer() as llm, HttpSink() as sink:
                 settings = Settings(
                     model="openai:test-model",
-                    openai_base_url=llm.openai_url,
+                    openai=ProviderEndpoint(llm.openai_url),
                     http_allow=("127.0.0.1",),
                     store_url=f"{tmp}/store.sqlite3",
                     state_dir=Path(tmp),

@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.config import Settings
 from activities.runtime import Runtime
-from activities.tools.registry import ToolContext, tool
+from activities.settings import ExtensionSettings, ProviderEndpoint, Settings
 from tests.fakes.llm_server import FakeLLMServer
 from worker import build_worker
 from workflows.agent import AgentWorkflow
@@ -36,6 +34,7 @@ pytest_plugins = ["tests.pg"]
 BIN = Path(sys.executable).parent
 TEMPORAL_CLI = BIN / "temporal"
 TEST_SERVER = BIN / "temporal-test-server"
+TEST_TOOLS = "tests.fakes.failing_tools"  # `always_fails`, offered to every test run
 
 
 def require_bwrap() -> None:
@@ -97,8 +96,9 @@ def llm() -> Iterator[FakeLLMServer]:
 def settings(tmp_path: Path, llm: FakeLLMServer) -> Settings:
     return Settings(
         model="openai:test-model",
-        openai_base_url=llm.openai_url,
-        anthropic_base_url=llm.anthropic_url,
+        openai=ProviderEndpoint(llm.openai_url),
+        anthropic=ProviderEndpoint(llm.anthropic_url),
+        extensions=ExtensionSettings(tool_modules=(TEST_TOOLS,)),
         http_allow=("127.0.0.1",),
         store_url=str(tmp_path / "store.sqlite3"),
         state_dir=tmp_path / "agent",
@@ -150,12 +150,3 @@ async def start_agent(
 
 def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
     return Runtime.from_settings(replace(runtime.settings, **changes))
-
-
-class _NoArgs(BaseModel):
-    pass
-
-
-@tool("always_fails", description="A test tool whose every attempt raises.", args=_NoArgs, max_attempts=2)
-async def _always_fails(args: _NoArgs, ctx: ToolContext) -> str:
-    raise RuntimeError("boom")

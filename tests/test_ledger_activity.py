@@ -14,8 +14,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.config import Settings
 from activities.runtime import Runtime
+from activities.settings import Settings
 from activities.tools.activity import tool_activities
 from tests.fakes.http_sink import HttpSink
 from workflows.types import ToolInvocation, ToolOutcome

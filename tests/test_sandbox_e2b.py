@@ -29,7 +29,6 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from activities.config import Settings
 from activities.sandbox.base import (
     META_RUN,
     META_TENANT,
@@ -45,7 +44,6 @@ from activities.sandbox.e2b import (
     META_RUN_KEY,
     META_SANDBOX_KEY,
     META_TENANT_KEY,
-    E2BConfig,
     E2BSandbox,
     E2BSandboxBackend,
     idempotency_key,
@@ -53,8 +51,9 @@ from activities.sandbox.e2b import (
 from activities.sandbox.factory import backend_for
 from activities.sandbox.local import LocalLimits
 from activities.sandbox.reaper import reap
+from activities.settings import ConfigurationError, E2BConfig, SandboxSettings, Settings
+from activities.tools import ToolContext, ToolError
 from activities.tools.builtins import RunShellArgs, run_shell
-from activities.tools.registry import ToolContext, ToolError
 from tests.fakes.fake_e2b import FakeCloud
 from workflows.types import ToolInvocation
 
@@ -90,7 +89,7 @@ class Backends:
         self.made: list[E2BSandboxBackend] = []
 
     def new(self, *, key: str | None = None, limits: LocalLimits | None = None) -> E2BSandboxBackend:
-        config = E2BConfig.from_env({}) if not REAL else E2BConfig.from_env()
+        config = E2BConfig() if not REAL else Settings.from_env().sandbox.e2b
         config = E2BConfig(
             template=config.template,
             timeout_s=600 if REAL else 3600,
@@ -435,14 +434,14 @@ async def test_reaper_kills_the_sandboxes_of_closed_runs(backends: Backends, clo
 
 
 def test_config_from_env() -> None:
-    assert E2BConfig.from_env({}) == E2BConfig()
-    config = E2BConfig.from_env(
+    assert Settings.from_env({}).sandbox.e2b == E2BConfig()
+    config = Settings.from_env(
         {"AGENT_E2B_TEMPLATE": "py-data", "AGENT_E2B_TIMEOUT_S": "900", "AGENT_E2B_INTERNET": "1"}
-    )
+    ).sandbox.e2b
     assert (config.template, config.timeout_s, config.internet) == ("py-data", 900, True)
-    assert not E2BConfig.from_env({"AGENT_E2B_INTERNET": "0"}).internet
-    with pytest.raises(ValueError, match="AGENT_E2B_TIMEOUT_S"):
-        E2BConfig.from_env({"AGENT_E2B_TIMEOUT_S": "soon"})
+    assert not Settings.from_env({"AGENT_E2B_INTERNET": "0"}).sandbox.e2b.internet
+    with pytest.raises(ConfigurationError, match="AGENT_E2B_TIMEOUT_S"):
+        Settings.from_env({"AGENT_E2B_TIMEOUT_S": "soon"})
     assert idempotency_key("sbx-1") == idempotency_key("sbx-1") != idempotency_key("sbx-1", "again")
 
 
@@ -455,8 +454,8 @@ def no_e2b_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_factory_picks_e2b_and_fails_closed_without_a_key(tmp_path: object, no_e2b_env: None) -> None:
     with pytest.raises(SandboxUnavailable, match="E2B_API_KEY"):
-        backend_for(Settings(sandbox="e2b"))
-    settings = Settings(sandbox="e2b", e2b_api_key=SecretStr("e2b_factory_key"))
+        backend_for(Settings(sandbox=SandboxSettings(backend="e2b")))
+    settings = Settings(sandbox=SandboxSettings(backend="e2b", e2b_api_key=SecretStr("e2b_factory_key")))
     backend = backend_for(settings)
     assert isinstance(backend, E2BSandboxBackend) and backend.name == "e2b"
     assert backend.sdk is e2b.AsyncSandbox and backend.config == E2BConfig()

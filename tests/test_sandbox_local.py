@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from activities.config import Settings
 from activities.sandbox import local, seccomp
 from activities.sandbox.base import SandboxError, SandboxMissing, SandboxUnavailable
 from activities.sandbox.factory import backend_for
 from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.sandbox.reaper import reap
+from activities.settings import ConfigurationError, LocalSandboxSettings, SandboxSettings, Settings
 
 PROJECT = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
@@ -212,27 +212,33 @@ def test_limits_from_env() -> None:
         "AGENT_SANDBOX_CPU_S": "3",
         "AGENT_SANDBOX_OUTPUT_BYTES": "1000",
     }
-    assert LocalLimits.from_env(env) == LocalLimits(timeout_s=5, memory_mb=256, cpu_s=3, output_bytes=1000)
+
+    def local_of(env: dict[str, str]) -> LocalSandboxSettings:
+        return Settings.from_env(env).sandbox.local
+
+    assert local_of(env).limits == LocalLimits(timeout_s=5, memory_mb=256, cpu_s=3, output_bytes=1000)
     more = {"AGENT_SANDBOX_NPROC": "32", "AGENT_SANDBOX_FSIZE_MB": "8", "AGENT_SANDBOX_TMPFS_MB": "16"}
-    assert LocalLimits.from_env(more) == LocalLimits(nproc=32, fsize_mb=8, tmpfs_mb=16)
-    assert local.uid_base_from_env({}) == local.DEFAULT_UID_BASE
-    assert local.uid_base_from_env({"AGENT_SANDBOX_UID_BASE": "500000"}) == 500000
-    with pytest.raises(ValueError, match="AGENT_SANDBOX_UID_BASE"):
-        local.uid_base_from_env({"AGENT_SANDBOX_UID_BASE": "0"})
-    assert LocalLimits.from_env({}) == LocalLimits()
-    with pytest.raises(ValueError, match="AGENT_SANDBOX_MEMORY_MB"):
-        LocalLimits.from_env({"AGENT_SANDBOX_MEMORY_MB": "lots"})
+    assert local_of(more).limits == LocalLimits(nproc=32, fsize_mb=8, tmpfs_mb=16)
+    assert local_of({}).uid_base == local.DEFAULT_UID_BASE
+    assert local_of({"AGENT_SANDBOX_UID_BASE": "500000"}).uid_base == 500000
+    with pytest.raises(ConfigurationError, match="AGENT_SANDBOX_UID_BASE"):
+        local_of({"AGENT_SANDBOX_UID_BASE": "0"})
+    assert local_of({}).limits == LocalLimits()
+    with pytest.raises(ConfigurationError, match="AGENT_SANDBOX_MEMORY_MB"):
+        local_of({"AGENT_SANDBOX_MEMORY_MB": "lots"})
+    with pytest.raises(ConfigurationError, match="AGENT_SANDBOX='docker'"):
+        Settings.from_env({"AGENT_SANDBOX": "docker"})
 
 
 def test_factory(tmp_path: Path) -> None:
-    settings = Settings(state_dir=tmp_path, sandbox="local")
+    settings = Settings(state_dir=tmp_path, sandbox=SandboxSettings(backend="local"))
     backend = backend_for(settings)
     assert isinstance(backend, LocalSandboxBackend) and backend.root == tmp_path / "sandboxes"
     assert backend_for(settings) is backend
     with pytest.raises(SandboxUnavailable, match="E2B_API_KEY"):
-        backend_for(Settings(state_dir=tmp_path, sandbox="e2b"))
+        backend_for(Settings(state_dir=tmp_path, sandbox=SandboxSettings(backend="e2b")))
     with pytest.raises(SandboxUnavailable, match="local, e2b"):
-        backend_for(Settings(state_dir=tmp_path, sandbox="docker"))
+        backend_for(Settings(state_dir=tmp_path, sandbox=SandboxSettings(backend="docker")))
 
 
 @pytest.mark.asyncio

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
-from activities.config import Settings
+from activities.catalog import tool_registry
 from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
-from activities.tools import registry
+from activities.settings import Settings
+from activities.tools import ToolContext, ToolError
 from activities.tools.http import MAX_HTTP_BODY_BYTES, HttpRequestArgs
-from activities.tools.registry import ToolContext, ToolError
 from workflows.types import RecordedToolCall, ToolInvocation
+
+REGISTRY = tool_registry(Settings())  # the built-ins only
 
 BIG = 300_000
 
@@ -124,11 +126,11 @@ def ctx_for(
 
 async def call(name: str, arguments: dict[str, Any], ctx: ToolContext) -> str:
     """Validate like the workflow does (raw JSON -> canonical dump) and then run the tool function."""
-    validated = registry.validate_call(
+    validated = REGISTRY.validate_call(
         RecordedToolCall(id="c1", name=name, arguments_json=json.dumps(arguments)), enabled=[name]
     )
     assert not validated.error, validated.error
-    spec = registry.get(name)
+    spec = REGISTRY.get(name)
     assert spec is not None
     return await spec.fn(spec.args_model.model_validate(validated.arguments), ctx)
 
@@ -206,7 +208,7 @@ async def test_invalid_http_arguments_reach_the_model() -> None:
         {"url": "http://x"},
         {"method": "POST", "url": "http://x", "json": 1, "body": "b"},
     ):
-        validated = registry.validate_call(
+        validated = REGISTRY.validate_call(
             RecordedToolCall(id="c", name="http_request", arguments_json=json.dumps(bad)), ["http_request"]
         )
         assert validated.error.startswith("Error: invalid arguments for http_request")
@@ -219,7 +221,7 @@ async def test_invalid_http_arguments_reach_the_model() -> None:
 
 
 def test_http_request_schema() -> None:
-    spec = registry.get("http_request")
+    spec = REGISTRY.get("http_request")
     assert spec is not None
     schema = spec.json_schema()
     assert list(schema["properties"]) == ["method", "url", "headers", "json", "body"]
@@ -231,7 +233,7 @@ def test_http_request_schema() -> None:
 
 
 def test_tool_settings() -> None:
-    tools = registry.registered()
+    tools = {spec.name: spec for spec in REGISTRY.specs()}
     for name in ("run_python", "run_shell"):
         spec = tools[name]
         assert (spec.side_effect, spec.uses_sandbox, spec.timeout_s, spec.max_attempts, spec.heartbeat_s) == (

@@ -20,6 +20,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.models.activity import ModelActivities
 from activities.runtime import Runtime
+from activities.settings import ProviderEndpoint
 from activities.tools.activity import tool_activities
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -179,7 +180,9 @@ async def run_reader(
 ) -> tuple[AgentResult, WorkflowHistory, list[dict[str, Any]]]:
     with FakeLLMServer(default=reader(turns, size)) as llm:
         # each run gets its own model server, so that the runs can overlap
-        rt = with_settings(runtime, openai_base_url=llm.openai_url, anthropic_base_url=llm.anthropic_url)
+        rt = with_settings(
+            runtime, openai=ProviderEndpoint(llm.openai_url), anthropic=ProviderEndpoint(llm.anthropic_url)
+        )
         try:
             async with run_worker(env.client, rt) as tq:
                 handle = await start_agent(env.client, tq, task="read the file", limits=Limits(max_steps=turns + 5))

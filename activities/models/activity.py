@@ -15,16 +15,11 @@ from opentelemetry.trace import SpanKind
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.approvals import load_policy
-from activities.config import redact
+from activities import observability as telemetry
 from activities.heartbeat import heartbeating
 from activities.models.base import FatalProviderError, RetryableProviderError
-from activities.models.pricing import cost_usd
-from activities.models.registry import split_model
+from activities.redaction import redact
 from activities.runtime import Runtime
-from activities.tools import registry as tools
-from durable_agents import telemetry
-from durable_agents.logs import activity_context
 from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
@@ -41,10 +36,10 @@ class ModelActivities:
         """Resolve the run's model and tool list against this worker's configuration."""
         model = req.model or self._rt.settings.model
         try:
-            split_model(model)
+            self._rt.providers.registry.check_model(model)
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
-        known = sorted(tools.registered())
+        known = self._rt.tools.names()
         unknown = sorted(set(req.tools or []) - set(known))
         if unknown:
             raise ApplicationError(
@@ -53,14 +48,14 @@ class ModelActivities:
         return RunConfig(
             model=model,
             tools=known if req.tools is None else list(dict.fromkeys(req.tools)),
-            policy=load_policy(self._rt.settings.policy_file),
+            policy=self._rt.policy,
             signing_required=self._rt.settings.approval_key is not None,
             search_attributes=self._rt.search_attributes_ready,
         )
 
     @activity.defn(name="model")
     async def model(self, req: ModelRequest) -> ModelTurn:
-        with activity_context(step=req.turn, turn=req.turn, model=req.model):
+        with telemetry.activity_context(step=req.turn, turn=req.turn, model=req.model):
             store = self._rt.store
             for entry in req.append:
                 await store.put_message(req.conversation_id, entry.seq, entry.message)
@@ -75,9 +70,11 @@ class ModelActivities:
             return self._turn(req, stored.message, stored.meta)
 
     async def _call_provider(self, req: ModelRequest, transcript: list[Message]) -> tuple[Message, dict[str, object]]:
-        provider_name, model_name = split_model(req.model)
-        specs = tools.registered()
-        definitions = [specs[name].definition() for name in req.tools if name in specs]
+        try:
+            provider_name, model_name = self._rt.providers.registry.check_model(req.model)
+        except FatalProviderError as exc:  # a worker without this run's provider: no retry can help
+            raise ApplicationError(exc.message, type="ModelRejected", non_retryable=True) from None
+        definitions = self._rt.tools.definitions(req.tools)
         secrets = self._rt.settings.secret_values()
         log.debug("model_request", messages=len(transcript), tools=req.tools)
         # GenAI semantic conventions; no prompt or completion content is ever put on the span.
@@ -104,7 +101,7 @@ class ModelActivities:
             usage = Usage(
                 input_tokens=reply.input_tokens,
                 output_tokens=reply.output_tokens,
-                cost_usd=cost_usd(req.model, reply.input_tokens, reply.output_tokens, self._rt.settings.prices_file),
+                cost_usd=self._rt.prices.cost_usd(req.model, reply.input_tokens, reply.output_tokens),
             )
             span.set_attributes(
                 {
@@ -137,7 +134,7 @@ class ModelActivities:
         return ModelTurn(
             text=text[:MAX_TEXT_IN_HISTORY],
             text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
-            tool_calls=[tools.validate_call(call, req.tools) for call in message.tool_calls],
+            tool_calls=[self._rt.tools.validate_call(call, req.tools) for call in message.tool_calls],
             usage=Usage.model_validate(meta.get("usage", {})),
             finish_reason=str(meta.get("finish_reason", "")),
             response_id=str(meta.get("response_id", "")),

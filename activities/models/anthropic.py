@@ -18,6 +18,8 @@ from pydantic import SecretStr
 from activities.models.base import ProviderReply
 from activities.models.http_errors import as_int, missing, post_json
 from activities.models.http_provider import HttpProvider
+from activities.models.registry import provider
+from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -165,3 +167,9 @@ def parse_reply(data: dict[str, Any], secrets: list[str]) -> ProviderReply:
         finish_reason=str(data.get("stop_reason") or ""),
         response_id=str(data.get("id") or ""),
     )
+
+
+@provider(PROVIDER)
+def anthropic_provider(settings: Settings) -> AnthropicProvider:
+    """``anthropic:<model>``: ``ANTHROPIC_BASE_URL`` with ``ANTHROPIC_API_KEY``."""
+    return AnthropicProvider(settings.anthropic.base_url, settings.anthropic.api_key)

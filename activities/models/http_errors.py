@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from activities.config import redact
 from activities.models.base import FatalProviderError, ProviderError, RetryableProviderError, parse_retry_after
+from activities.redaction import redact
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 MAX_DETAIL_CHARS = 500

@@ -16,6 +16,8 @@ from pydantic import SecretStr
 from activities.models.base import ProviderReply
 from activities.models.http_errors import as_int, missing, post_json
 from activities.models.http_provider import HttpProvider
+from activities.models.registry import provider
+from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -133,3 +135,9 @@ def content_text(content: object) -> str:
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
     return ""
+
+
+@provider(PROVIDER)
+def openai_provider(settings: Settings) -> OpenAIProvider:
+    """``openai:<model>``: ``OPENAI_BASE_URL`` (any OpenAI-compatible server) with ``OPENAI_API_KEY``."""
+    return OpenAIProvider(settings.openai.base_url, settings.openai.api_key)

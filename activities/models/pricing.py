@@ -1,22 +1,28 @@
 """Per-model prices in USD per million tokens, overridable by the operator.
 
 ``AGENT_PRICES`` names a JSON file ``{"<provider:model>": {"input": 0.15, "output": 0.6}}``
-whose entries replace or extend the built-in table. A model missing from the
-table costs 0 and the run's ``max_cost_usd`` then only counts priced models.
+whose entries replace or extend the built-in table. It is loaded and validated
+once, at worker start (:meth:`PriceTable.load`), so a bad file stops the worker
+instead of failing model turns that were already paid for. A model missing from
+the table costs 0 and the run's ``max_cost_usd`` then only counts priced models.
 """
 
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from activities.settings import ConfigurationError
 
 
 class Price(BaseModel):
-    input: float = Field(ge=0)  # USD per 1M input tokens
-    output: float = Field(ge=0)  # USD per 1M output tokens
+    model_config = ConfigDict(extra="forbid")
+
+    input: float = Field(ge=0, allow_inf_nan=False)  # USD per 1M input tokens
+    output: float = Field(ge=0, allow_inf_nan=False)  # USD per 1M output tokens
 
 
 DEFAULT_PRICES: dict[str, Price] = {
@@ -31,17 +37,35 @@ DEFAULT_PRICES: dict[str, Price] = {
 }
 
 
-@lru_cache(maxsize=8)
-def price_table(prices_file: str = "") -> dict[str, Price]:
-    table = dict(DEFAULT_PRICES)
-    if prices_file:
-        raw = json.loads(Path(prices_file).read_text())
-        table.update({name: Price.model_validate(p) for name, p in raw.items()})
-    return table
+class PriceTable:
+    """Prices by model string; ``cost_usd`` never raises."""
 
+    def __init__(self, prices: Mapping[str, Price] | None = None) -> None:
+        self._prices = dict(DEFAULT_PRICES if prices is None else prices)
 
-def cost_usd(model: str, input_tokens: int, output_tokens: int, prices_file: str = "") -> float:
-    price = price_table(prices_file).get(model)
-    if price is None:
-        return 0.0
-    return round((input_tokens * price.input + output_tokens * price.output) / 1_000_000, 8)
+    @classmethod
+    def load(cls, prices_file: str = "") -> PriceTable:
+        """The built-in table plus ``prices_file``'s entries; ``ConfigurationError`` naming the file if bad."""
+        table = dict(DEFAULT_PRICES)
+        if prices_file:
+            try:
+                raw = json.loads(Path(prices_file).read_text())
+                if not isinstance(raw, dict):
+                    raise ValueError("expected a JSON object of model -> {input, output}")
+                table.update({str(name): Price.model_validate(p) for name, p in raw.items()})
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                where = ".".join(str(p) for p in first["loc"]) or "entry"
+                raise ConfigurationError(f"AGENT_PRICES={prices_file}: {where}: {first['msg']}") from None
+            except (OSError, ValueError) as exc:
+                raise ConfigurationError(f"AGENT_PRICES={prices_file}: {exc}") from None
+        return cls(table)
+
+    def get(self, model: str) -> Price | None:
+        return self._prices.get(model)
+
+    def cost_usd(self, model: str, input_tokens: int, output_tokens: int) -> float:
+        price = self._prices.get(model)
+        if price is None:
+            return 0.0
+        return round((input_tokens * price.input + output_tokens * price.output) / 1_000_000, 8)

@@ -15,6 +15,8 @@ import re
 from typing import Any
 
 from activities.models.base import FatalProviderError, ProviderReply
+from activities.models.registry import provider
+from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
 DEMO_SCRIPT = """\
@@ -92,3 +94,9 @@ class ScriptedProvider:
         if len(lines) == 1:
             lines.append("- no tools were needed")
         return "\n".join(lines)
+
+
+@provider("scripted")
+def scripted_provider(settings: Settings) -> ScriptedProvider:
+    """``scripted:demo``: offline and deterministic; the default model when no key is configured."""
+    return ScriptedProvider()

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from activities.sandbox import seccomp
 from activities.sandbox.base import WORKSPACE, SandboxUnavailable
-from activities.sandbox.local_limits import LocalLimits, uid_base_from_env
+from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits
 
 INNER_UID = 1000  # the uid/gid a command sees inside the sandbox
 SANDBOX_ENV = {
@@ -267,27 +267,29 @@ def clear_probe_cache() -> None:
         _probe_cache.clear()
 
 
-def require_bwrap() -> str:
-    """Path of a working ``bwrap``; raises :class:`SandboxUnavailable` otherwise (result cached per process)."""
+def require_bwrap(uid_base: int = DEFAULT_UID_BASE) -> str:
+    """Path of a working ``bwrap``; raises :class:`SandboxUnavailable` otherwise (result cached per process).
+
+    A root worker probes as ``uid_base``, the first of the unprivileged uids its sandboxes run as.
+    """
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxUnavailable(f"{INSTALL_HINT} (no `bwrap` on PATH)")
     key = (path, os.geteuid())
     with _probe_lock:
         if key not in _probe_cache:
-            _probe_cache[key] = _probe(path)
+            _probe_cache[key] = _probe(path, uid_base)
         failure = _probe_cache[key]
     if failure:
         raise SandboxUnavailable(f"{INSTALL_HINT} ({failure})")
     return path
 
 
-def _probe(path: str) -> str:
+def _probe(path: str, uid_base: int) -> str:
     """Run ``true`` exactly as a command would run (same namespaces, seccomp, uid switch)."""
     owner = None
     if os.geteuid() == 0:
-        probe_uid = uid_base_from_env()
-        owner = (probe_uid, probe_uid)
+        owner = (uid_base, uid_base)
     with tempfile.TemporaryDirectory(prefix="da-probe-") as tmp:
         workspace = Path(tmp)
         if owner is not None:

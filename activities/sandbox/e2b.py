@@ -37,20 +37,18 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import posixpath
 import shlex
 import time
 import uuid
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import e2b
 import httpx
 from pydantic import SecretStr
 
-from activities.config import redact
+from activities.redaction import redact
 from activities.sandbox.base import (
     MAX_READ_BYTES,
     META_RUN,
@@ -66,7 +64,7 @@ from activities.sandbox.base import (
     validate_sandbox_id,
     workspace_relative,
 )
-from activities.sandbox.local_limits import LocalLimits
+from activities.settings import E2BConfig
 
 log = logging.getLogger(__name__)
 
@@ -80,34 +78,6 @@ META_TENANT_KEY = "da_tenant"
 KILL_AFTER_S = 2  # `timeout -k`: SIGKILL this long after the SIGTERM at the deadline
 TIMEOUT_MARK = "timeout: sending signal "  # what `timeout --verbose` prints when the deadline passes
 STREAM_SLACK_S = 30  # the SDK's stream timeout: the command's own deadline plus this
-
-
-@dataclass(frozen=True)
-class E2BConfig:
-    """Where and how VMs are created; ``from_env`` reads ``AGENT_E2B_*``."""
-
-    template: str = "base"
-    timeout_s: int = 3600  # VM lifetime after its last use (E2B caps it: 1 h Hobby, 24 h Pro)
-    internet: bool = False
-    request_timeout_s: float = 30.0  # per control-plane / file request
-    limits: LocalLimits = field(default_factory=LocalLimits)  # per-command wall time and output caps
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> E2BConfig:
-        env = os.environ if env is None else env
-        raw_timeout = env.get("AGENT_E2B_TIMEOUT_S", "").strip()
-        try:
-            timeout_s = int(raw_timeout) if raw_timeout else cls.timeout_s
-        except ValueError:
-            raise ValueError(f"AGENT_E2B_TIMEOUT_S={raw_timeout!r} is not an integer") from None
-        if timeout_s <= 0:
-            raise ValueError(f"AGENT_E2B_TIMEOUT_S={raw_timeout!r} must be positive")
-        return cls(
-            template=env.get("AGENT_E2B_TEMPLATE", "").strip() or cls.template,
-            timeout_s=timeout_s,
-            internet=env.get("AGENT_E2B_INTERNET", "").strip().lower() in ("1", "true", "yes", "on"),
-            limits=LocalLimits.from_env(env),
-        )
 
 
 def idempotency_key(sandbox_id: str, nonce: str = "") -> str:

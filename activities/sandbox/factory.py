@@ -1,4 +1,4 @@
-"""Picks the sandbox backend named by ``AGENT_SANDBOX`` (one cached instance per configuration)."""
+"""Picks the sandbox backend named by ``settings.sandbox.backend`` (one cached instance per configuration)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,12 @@ import hashlib
 import threading
 from pathlib import Path
 
-from activities.config import Settings
 from activities.sandbox.base import SandboxBackend, SandboxUnavailable
-from activities.sandbox.local import LocalLimits, LocalSandboxBackend
-
-BACKENDS = ("local", "e2b")
+from activities.sandbox.local import LocalSandboxBackend
+from activities.settings import SANDBOX_BACKENDS, Settings
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, str], SandboxBackend] = {}
+_cache: dict[tuple[str, ...], SandboxBackend] = {}
 
 
 def backend_for(settings: Settings) -> SandboxBackend:
@@ -25,30 +23,32 @@ def backend_for(settings: Settings) -> SandboxBackend:
     backend's record of running commands, which ``kill`` uses; the E2B backend's
     map of logical ids to VMs).
     """
-    name = settings.sandbox.strip().lower()
+    config = settings.sandbox
+    name = config.backend.strip().lower()
     if name == "e2b":
-        key = settings.e2b_api_key
+        key = config.e2b_api_key
         if key is None or not key.get_secret_value():
             raise SandboxUnavailable(
                 "AGENT_SANDBOX=e2b needs E2B_API_KEY (the API key of your E2B team); "
                 "unset AGENT_SANDBOX to use the local bubblewrap sandbox instead"
             )
         # cached per key, keyed by a digest so that the key itself is not kept twice
-        cache_key = (name, hashlib.sha256(key.get_secret_value().encode()).hexdigest())
+        cache_key = (name, hashlib.sha256(key.get_secret_value().encode()).hexdigest(), repr(config.e2b))
         with _lock:
             backend = _cache.get(cache_key)
             if backend is None:
-                from activities.sandbox.e2b import E2BConfig, E2BSandboxBackend  # imports the e2b SDK
+                from activities.sandbox.e2b import E2BSandboxBackend  # imports the e2b SDK
 
-                backend = _cache[cache_key] = E2BSandboxBackend(key, E2BConfig.from_env())
+                backend = _cache[cache_key] = E2BSandboxBackend(key, config.e2b)
             return backend
     if name != "local":
         raise SandboxUnavailable(
-            f"unknown sandbox backend AGENT_SANDBOX={settings.sandbox!r}; allowed: {', '.join(BACKENDS)}"
+            f"unknown sandbox backend AGENT_SANDBOX={config.backend!r}; allowed: {', '.join(SANDBOX_BACKENDS)}"
         )
     root = (Path(settings.state_dir) / "sandboxes").absolute()
+    local_key = (name, str(root), repr(config.local))
     with _lock:
-        backend = _cache.get((name, str(root)))
+        backend = _cache.get(local_key)
         if backend is None:
-            backend = _cache[(name, str(root))] = LocalSandboxBackend(root, LocalLimits.from_env())
+            backend = _cache[local_key] = LocalSandboxBackend(root, config.local.limits, uid_base=config.local.uid_base)
         return backend

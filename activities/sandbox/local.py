@@ -52,7 +52,7 @@ from activities.sandbox.base import (
     workspace_relative,
 )
 from activities.sandbox.bwrap import INSTALL_HINT, build_spawn, clear_probe_cache, require_bwrap
-from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for, uid_base_from_env
+from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for
 from activities.sandbox.processes import execute, killpg
 
 META_FILE = "meta.json"
@@ -107,7 +107,7 @@ class LocalSandbox:
             raise SandboxError("empty command")
         if timeout_s <= 0:
             raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
-        bwrap = await asyncio.to_thread(require_bwrap)
+        bwrap = await asyncio.to_thread(require_bwrap, self._backend.uid_base)
         self._check_alive()
         chdir = WORKSPACE
         if cwd:
@@ -224,11 +224,11 @@ class LocalSandboxBackend:
 
     name = "local"
 
-    def __init__(self, root: Path, limits: LocalLimits | None = None, *, uid_base: int | None = None) -> None:
+    def __init__(self, root: Path, limits: LocalLimits | None = None, *, uid_base: int = DEFAULT_UID_BASE) -> None:
         self.root = Path(root).absolute()
         self.limits = limits or LocalLimits()
         self.running: dict[str, set[asyncio.subprocess.Process]] = {}
-        self.uid_base = uid_base_from_env() if uid_base is None else uid_base
+        self.uid_base = uid_base
 
     def _owner(self, sandbox_id: str, meta: Mapping[str, Any]) -> tuple[int, int] | None:
         """The host uid/gid commands run as: ``None`` (the worker's own) unless the worker is root."""
@@ -243,7 +243,7 @@ class LocalSandboxBackend:
     async def create(self, sandbox_id: str, *, metadata: dict[str, str] | None = None) -> LocalSandbox:
         """Create the workspace and ``meta.json`` (or reuse existing ones); fails closed when bwrap is unusable."""
         validate_sandbox_id(sandbox_id)
-        await asyncio.to_thread(require_bwrap)
+        await asyncio.to_thread(require_bwrap, self.uid_base)
         return await asyncio.to_thread(self._create_sync, sandbox_id, dict(metadata or {}))
 
     def _create_sync(self, sandbox_id: str, metadata: dict[str, str]) -> LocalSandbox:
@@ -336,5 +336,4 @@ __all__ = [
     "clear_probe_cache",
     "host_uid_for",
     "require_bwrap",
-    "uid_base_from_env",
 ]

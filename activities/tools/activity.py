@@ -16,13 +16,12 @@ from opentelemetry.trace import StatusCode
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import observability as telemetry
 from activities.heartbeat import heartbeating
 from activities.runtime import Runtime
 from activities.sandbox.base import META_RUN, META_TENANT, SandboxError
 from activities.tools.recovery import execute_once
-from activities.tools.registry import ToolContext, ToolError, ToolSpec, registered
-from durable_agents import telemetry
-from durable_agents.logs import activity_context
+from activities.tools.spec import ToolContext, ToolError, ToolSpec
 from workflows.types import CompensationRequest, Message, ToolInvocation, ToolOutcome, TranscriptEntry
 
 PREVIEW_CHARS = 1000
@@ -42,7 +41,7 @@ def outcome_of(message: Message) -> ToolOutcome:
 def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvocation], Any]:
     async def run_tool(inv: ToolInvocation) -> ToolOutcome:
         with (
-            activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
+            telemetry.activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
             telemetry.tracer().start_as_current_span(
                 f"execute_tool {spec.name}",
                 attributes=_tool_span_attributes(spec, inv),
@@ -142,7 +141,7 @@ async def _resolve_by_hand(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation
 
 
 def tool_activities(runtime: Runtime) -> list[Callable[..., Any]]:
-    return [_make_tool_activity(spec, runtime) for spec in registered().values()]
+    return [_make_tool_activity(spec, runtime) for spec in runtime.tools.specs()]
 
 
 class CompensationActivities:
@@ -152,7 +151,7 @@ class CompensationActivities:
     @activity.defn(name="compensate")
     async def compensate(self, req: CompensationRequest) -> str:
         """Undo one completed side effect with its tool's compensation, given its recorded result."""
-        spec = registered().get(req.tool)
+        spec = self._rt.tools.get(req.tool)
         if spec is None or spec.compensate is None:
             raise ApplicationError(f"{req.tool} declares no compensation", type="NotCompensable", non_retryable=True)
         entries = [e for e in await self._rt.store.ledger(req.workflow_id) if e.key == req.idempotency_key]

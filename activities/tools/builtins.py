@@ -1,4 +1,4 @@
-"""The built-in tools: run_python, run_shell, write_file, read_file (in the run's sandbox) and http_request."""
+"""The built-in sandbox tools: run_python, run_shell, write_file, read_file (``http_request`` is in ``http``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from contextlib import contextmanager
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities.sandbox.base import Sandbox, SandboxError, SandboxUnavailable
-from activities.tools import http as _http  # noqa: F401  (registers http_request on import)
-from activities.tools.registry import ToolContext, ToolError, tool
+from activities.sandbox.base import Sandbox, SandboxError
+from activities.tools.spec import ToolContext, ToolError, tool
 
 # The sandbox's own wall-time cap (AGENT_SANDBOX_TIMEOUT_S) usually binds first; this keeps a
 # command inside the activity's 120 s start-to-close timeout even when that cap is raised.
@@ -52,11 +51,12 @@ def _sandbox(ctx: ToolContext) -> Sandbox:
 
 @contextmanager
 def _refusals_to_model() -> Iterator[None]:
-    """Sandbox refusals (bad path, missing file) go to the model; an unusable sandbox fails the activity."""
+    """Every sandbox refusal (bad path, missing file, a sandbox that cannot isolate) becomes text the model reads.
+
+    Retrying cannot fix any of them, so none fails the activity.
+    """
     try:
         yield
-    except SandboxUnavailable:
-        raise
     except SandboxError as exc:
         raise ToolError(str(exc)) from None
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from activities.tools.registry import ToolContext, ToolError, tool
+from activities.tools.spec import ToolContext, ToolError, tool
 
 MAX_HTTP_BODY_BYTES = 100_000
 MAX_REDIRECTS = 5

@@ -1,6 +1,6 @@
 """Run a side-effecting tool at most once per idempotency key, surviving crashes.
 
-Protocol (DESIGN.md, "Idempotency ledger"): claim the key in the ledger (intent)
+Protocol (docs/architecture.md, "Idempotency ledger"): claim the key in the ledger (intent)
 before the side effect, record the outcome after. On a retry:
 
 - outcome recorded → return it, do nothing;
@@ -23,10 +23,10 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import heartbeating, persistently
 from activities.runtime import Runtime
 from activities.store.ledger import ClaimRequest
-from activities.tools.registry import ToolContext, ToolSpec
+from activities.tools.spec import ToolContext, ToolSpec
 from workflows.identity import canonical_json
 from workflows.types import ToolInvocation
 
@@ -117,7 +117,11 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
         with contextlib.suppress(Exception):
             await store.renew(inv.idempotency_key, owner, 0)
         raise
-    await store.finish(inv.idempotency_key, owner, "done", text, is_error)
+    # The side effect happened: its outcome must reach the ledger, or a retry would treat it as unknown.
+    await persistently(
+        f"outcome of {spec.name} {inv.idempotency_key}",
+        lambda: store.finish(inv.idempotency_key, owner, "done", text, is_error),
+    )
     return Execution(text, is_error)
 
 

@@ -1,145 +1,137 @@
-"""The tool registry: a tool is an async function with a pydantic argument model.
+"""``ToolRegistry``: the tools one worker offers, and trusted validation of the model's calls.
 
-``@tool(...)`` registers it; the registry gives the model its JSON schema, gives
-the workflow its execution settings (via ``ToolCall``), and validates raw model
-arguments in trusted code before anything runs.
+A registry is an object owned by the composition root (``DurableAgentsPlugin``):
+the built-ins and the operator's ``AGENT_TOOL_MODULES`` are loaded into it once,
+at worker start. It gives the model its JSON schemas, gives the workflow each
+call's execution settings (via ``ToolCall``) and validates raw model arguments
+before anything runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable
+from types import ModuleType
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from activities.config import Settings
-from workflows.types import RecordedToolCall, ToolCall, ToolInvocation
+from activities.modules import import_extension
+from activities.settings import ConfigurationError
+from activities.tools.spec import ToolSpec, spec_of
+from workflows.types import RecordedToolCall, ToolCall
 
 MAX_ARGUMENTS_BYTES = 64 * 1024
+# Activity types the runtime registers itself; a tool's activity type is its name, so these are taken.
+RESERVED_NAMES = frozenset(
+    {"model", "run_config", "compensate", "verify_decision", "transcript_append", "sandbox_create", "sandbox_kill"}
+)
 
 
-class ToolError(Exception):
-    """A failure the model should read and can react to (not retried)."""
+class ToolRegistry:
+    """Tools by name. ``add`` refuses reserved and duplicate names; lookups never import anything."""
+
+    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            self.add(spec)
+
+    def add(self, spec: ToolSpec) -> ToolSpec:
+        if spec.name in RESERVED_NAMES:
+            raise ConfigurationError(
+                f"tool name {spec.name!r} is reserved by the runtime (reserved: {', '.join(sorted(RESERVED_NAMES))})"
+            )
+        existing = self._specs.get(spec.name)
+        if existing is not None and existing.fn is not spec.fn:
+            raise ConfigurationError(f"tool {spec.name!r} is already registered (by {_origin(existing)})")
+        self._specs[spec.name] = spec
+        return spec
+
+    def add_module(self, module: ModuleType) -> list[str]:
+        """Add every ``@tool`` function defined or imported at the top level of ``module``; their names."""
+        names = []
+        for value in list(vars(module).values()):
+            spec = spec_of(value)
+            if spec is not None:
+                names.append(self.add(spec).name)
+        return names
+
+    def load_modules(self, names: Iterable[str], *, variable: str = "AGENT_TOOL_MODULES") -> None:
+        """Import each module and add its tools; an import failure is a one-line ``ConfigurationError``."""
+        for name in names:
+            self.add_module(import_extension(name, variable))
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[ToolSpec]:
+        return [self._specs[name] for name in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def definitions(self, names: Iterable[str]) -> list[dict[str, object]]:
+        """Provider-neutral definitions of the enabled tools this registry knows, in the given order."""
+        return [self._specs[name].definition() for name in names if name in self._specs]
+
+    def validate_call(self, raw: RecordedToolCall, enabled: list[str]) -> ToolCall:
+        """Turn a raw model tool call into a ``ToolCall``; problems become ``error`` text for the model."""
+        spec = self._specs.get(raw.name)
+        if spec is None or raw.name not in enabled:
+            return ToolCall(
+                id=raw.id,
+                name=raw.name,
+                error=f"Error: unknown tool {raw.name!r}. Available tools: {', '.join(sorted(enabled)) or 'none'}.",
+            )
+        settings = {
+            "side_effect": spec.side_effect,
+            "uses_sandbox": spec.uses_sandbox,
+            "timeout_s": spec.timeout_s,
+            "max_attempts": spec.max_attempts,
+            "heartbeat_s": spec.heartbeat_s,
+            "compensable": spec.compensate is not None,
+        }
+        size = len(raw.arguments_json.encode())
+        if size > MAX_ARGUMENTS_BYTES:
+            return ToolCall(
+                id=raw.id,
+                name=raw.name,
+                error=f"Error: arguments for {raw.name} are {size} bytes; "
+                f"the limit is {MAX_ARGUMENTS_BYTES}. Split the work into smaller calls.",
+                **settings,
+            )
+        try:
+            parsed = json.loads(raw.arguments_json or "{}")
+        except json.JSONDecodeError as exc:
+            return ToolCall(
+                id=raw.id,
+                name=raw.name,
+                error=f"Error: arguments for {raw.name} are not valid JSON ({exc}).",
+                **settings,
+            )
+        if not isinstance(parsed, dict):
+            return ToolCall(
+                id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} must be a JSON object.", **settings
+            )
+        try:
+            model = spec.args_model.model_validate(parsed)
+        except ValidationError as exc:
+            return ToolCall(
+                id=raw.id,
+                name=raw.name,
+                error=f"Error: invalid arguments for {raw.name}: {_format_validation_error(exc)}",
+                **settings,
+            )
+        return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **settings)
 
 
-@dataclass
-class ToolContext:
-    invocation: ToolInvocation
-    settings: Settings
-    sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
-
-
-ArgsT = TypeVar("ArgsT", bound=BaseModel)
-ToolFn = Callable[[Any, ToolContext], Awaitable[str]]
-# "Did it happen?": the result text when the side effect is found to have happened, None when it did not.
-ReconcileFn = Callable[[Any, ToolContext], Awaitable[str | None]]
-# Undo a completed side effect (given its recorded result); returns a note for the run's record.
-CompensateFn = Callable[[Any, ToolContext, str], Awaitable[str]]
-Recovery = Literal["idempotent_by_key", "reconcile", "unknown"]
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    args_model: type[BaseModel]
-    fn: ToolFn
-    side_effect: bool = False
-    uses_sandbox: bool = False
-    timeout_s: int = 60
-    max_attempts: int = 3
-    heartbeat_s: int = 0
-    recovery: Recovery = "unknown"
-    reconcile: ReconcileFn | None = None
-    compensate: CompensateFn | None = None
-
-    @property
-    def ledgered(self) -> bool:
-        """Side effects go through the idempotency ledger; read-only tools skip it."""
-        return self.side_effect
-
-    def json_schema(self) -> dict[str, Any]:
-        schema = self.args_model.model_json_schema()
-        schema.pop("title", None)
-        return schema
-
-    def definition(self) -> dict[str, Any]:
-        """Provider-neutral definition: name, description, JSON schema of the arguments."""
-        return {"name": self.name, "description": self.description, "parameters": self.json_schema()}
-
-
-_REGISTRY: dict[str, ToolSpec] = {}
-
-
-def tool(
-    name: str,
-    *,
-    description: str,
-    args: type[BaseModel],
-    side_effect: bool = False,
-    uses_sandbox: bool = False,
-    timeout_s: int = 60,
-    max_attempts: int = 3,
-    heartbeat_s: int = 0,
-    recovery: Recovery = "unknown",
-    reconcile: ReconcileFn | None = None,
-    compensate: CompensateFn | None = None,
-) -> Callable[[ToolFn], ToolFn]:
-    """Register ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model.
-
-    For tools with ``side_effect=True``, ``recovery`` says what a retry does when an
-    earlier attempt recorded its intent but no outcome: ``idempotent_by_key`` runs
-    again with the same idempotency key (the destination dedupes), ``reconcile``
-    asks ``reconcile(args, ctx)`` whether it happened, and ``unknown`` (the default)
-    pauses the run for a human. ``compensate`` undoes a completed call when the run
-    is cancelled.
-    """
-    if recovery == "reconcile" and reconcile is None:
-        raise ValueError(f"tool {name!r}: recovery='reconcile' needs a reconcile function")
-
-    def register(fn: ToolFn) -> ToolFn:
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"tool {name!r} is already registered")
-        _REGISTRY[name] = ToolSpec(
-            name=name,
-            description=description,
-            args_model=args,
-            fn=fn,
-            side_effect=side_effect,
-            uses_sandbox=uses_sandbox,
-            timeout_s=timeout_s,
-            max_attempts=max_attempts,
-            heartbeat_s=heartbeat_s,
-            recovery=recovery,
-            reconcile=reconcile,
-            compensate=compensate,
-        )
-        return fn
-
-    return register
-
-
-def registered() -> dict[str, ToolSpec]:
-    """All registered tools by name: the built-ins plus modules named in ``AGENT_TOOL_MODULES``."""
-    import activities.tools.builtins  # noqa: F401  (registers on import)
-
-    load_tool_modules(os.environ.get("AGENT_TOOL_MODULES", ""))
-    return dict(_REGISTRY)
-
-
-def load_tool_modules(names: str) -> None:
-    """Import each comma-separated module so its ``@tool`` functions register (operator's own tools)."""
-    for name in (n.strip() for n in names.split(",")):
-        if name:
-            importlib.import_module(name)
-
-
-def get(name: str) -> ToolSpec | None:
-    return registered().get(name)
+def _origin(spec: ToolSpec) -> str:
+    return f"{getattr(spec.fn, '__module__', '?')}.{getattr(spec.fn, '__qualname__', '?')}"
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -148,50 +140,3 @@ def _format_validation_error(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(arguments)"
         parts.append(f"{loc}: {e['msg']}")
     return "; ".join(parts)
-
-
-def validate_call(raw: RecordedToolCall, enabled: list[str]) -> ToolCall:
-    """Turn a raw model tool call into a ``ToolCall``; problems become ``error`` text for the model."""
-    spec = registered().get(raw.name)
-    if spec is None or raw.name not in enabled:
-        return ToolCall(
-            id=raw.id,
-            name=raw.name,
-            error=f"Error: unknown tool {raw.name!r}. Available tools: {', '.join(sorted(enabled)) or 'none'}.",
-        )
-    settings = {
-        "side_effect": spec.side_effect,
-        "uses_sandbox": spec.uses_sandbox,
-        "timeout_s": spec.timeout_s,
-        "max_attempts": spec.max_attempts,
-        "heartbeat_s": spec.heartbeat_s,
-        "compensable": spec.compensate is not None,
-    }
-    if len(raw.arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
-        return ToolCall(
-            id=raw.id,
-            name=raw.name,
-            error=f"Error: arguments for {raw.name} are {len(raw.arguments_json.encode())} bytes; "
-            f"the limit is {MAX_ARGUMENTS_BYTES}. Split the work into smaller calls.",
-            **settings,
-        )
-    try:
-        parsed = json.loads(raw.arguments_json or "{}")
-    except json.JSONDecodeError as exc:
-        return ToolCall(
-            id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} are not valid JSON ({exc}).", **settings
-        )
-    if not isinstance(parsed, dict):
-        return ToolCall(
-            id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} must be a JSON object.", **settings
-        )
-    try:
-        model = spec.args_model.model_validate(parsed)
-    except ValidationError as exc:
-        return ToolCall(
-            id=raw.id,
-            name=raw.name,
-            error=f"Error: invalid arguments for {raw.name}: {_format_validation_error(exc)}",
-            **settings,
-        )
-    return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **settings)

@@ -1,11 +1,11 @@
-"""Test-only tools with compensations (registered when imported)."""
+"""Test-only tools with compensations (``AGENT_TOOL_MODULES=tests.fakes.compensable_tools``)."""
 
 from __future__ import annotations
 
 import httpx
 from pydantic import BaseModel, Field
 
-from activities.tools.registry import ToolContext, tool
+from activities.tools import ToolContext, tool
 
 
 class ReserveArgs(BaseModel):

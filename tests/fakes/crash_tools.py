@@ -20,8 +20,8 @@ import os
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from activities.tools import ToolContext, ToolError, tool
 from activities.tools.http import host_allowed
-from activities.tools.registry import ToolContext, ToolError, tool
 
 SLEEP_ENV = "CRASH_TOOLS_SLEEP_AFTER_S"
 TIMEOUT_S = 10.0

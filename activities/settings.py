@@ -1,0 +1,330 @@
+"""``Settings``: the one reader of the environment, for the worker, the starter and the plugin.
+
+``Settings.from_env()`` reads every variable of the public contract once and
+returns frozen, typed parts; nothing else in the project calls ``os.environ``.
+Secrets are held as ``pydantic.SecretStr`` so that a settings object printed or
+logged by accident shows ``**********`` instead of a key. A bad value raises
+:class:`ConfigurationError` with the variable named, which the entry points turn
+into a one-line error and exit code 2.
+
+Parts::
+
+    settings.temporal        address, namespace, profile, task queue, UI URL
+    settings.openai          base URL and key of the OpenAI-compatible server
+    settings.anthropic       base URL and key of the Anthropic server
+    settings.sandbox         backend name, .local (bubblewrap limits, uid base), .e2b, reaper interval
+    settings.observability   log level, metrics port, trace exporters
+    settings.extensions      operator tool and provider modules
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from urllib.parse import parse_qsl, urlsplit
+
+from pydantic import SecretStr
+
+DEFAULT_STATE_DIR = Path(".agent")
+DEFAULT_UID_BASE = 2_000_000_000
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+SANDBOX_BACKENDS = ("local", "e2b")
+TRACE_EXPORTERS = ("console", "otlp", "none")
+_TRUE = ("1", "true", "yes", "on")
+
+
+class ConfigurationError(ValueError):
+    """A variable or a file it names is invalid; the message names it and fits on one line."""
+
+
+@dataclass(frozen=True)
+class TemporalSettings:
+    address: str = "localhost:7233"
+    namespace: str = "default"
+    profile: str = ""  # TEMPORAL_PROFILE: a profile of temporal.toml (TLS, API keys)
+    task_queue: str = "agents"
+    ui_url: str = "http://localhost:8233"
+
+
+@dataclass(frozen=True)
+class ProviderEndpoint:
+    """Where a model API lives and the key that opens it."""
+
+    base_url: str
+    api_key: SecretStr | None = None
+
+
+@dataclass(frozen=True)
+class LocalLimits:
+    """Per-command resource limits of the local (bubblewrap) sandbox; ``AGENT_SANDBOX_*`` overrides them."""
+
+    timeout_s: float = 60.0  # wall time; a run's own timeout_s is capped at this
+    memory_mb: int = 1024  # RLIMIT_AS, per process
+    cpu_s: int = 60  # RLIMIT_CPU, per process
+    output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr)
+    fsize_mb: int = 64  # RLIMIT_FSIZE: largest file a command may write
+    nofile: int = 256  # RLIMIT_NOFILE
+    tmpfs_mb: int = 64  # size of the in-memory /tmp and /dev/shm
+    nproc: int = 256  # RLIMIT_NPROC: processes + threads of the sandbox at once
+    drain_bytes: int = 64 * 1024 * 1024  # output read (and dropped) per stream before the command is killed
+
+
+@dataclass(frozen=True)
+class LocalSandboxSettings:
+    limits: LocalLimits = field(default_factory=LocalLimits)
+    uid_base: int = DEFAULT_UID_BASE  # first host uid a root worker hands to sandboxes
+
+
+@dataclass(frozen=True)
+class E2BConfig:
+    """Where and how E2B VMs are created (``AGENT_E2B_*``)."""
+
+    template: str = "base"
+    timeout_s: int = 3600  # VM lifetime after its last use (E2B caps it: 1 h Hobby, 24 h Pro)
+    internet: bool = False
+    request_timeout_s: float = 30.0  # per control-plane / file request
+    limits: LocalLimits = field(default_factory=LocalLimits)  # per-command wall time and output caps
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    backend: str = "local"  # AGENT_SANDBOX: local | e2b (e2b when E2B_API_KEY is set)
+    local: LocalSandboxSettings = field(default_factory=LocalSandboxSettings)
+    e2b: E2BConfig = field(default_factory=E2BConfig)
+    e2b_api_key: SecretStr | None = None
+    reap_interval_s: float = 600.0  # 0: the worker never reaps sandboxes
+
+
+@dataclass(frozen=True)
+class ObservabilitySettings:
+    log_level: str = "INFO"
+    metrics_port: int | None = None  # AGENT_METRICS_PORT: Prometheus on 0.0.0.0:N/metrics
+    trace_exporters: tuple[str, ...] = ()  # OTEL_TRACES_EXPORTER (default otlp when an endpoint is set)
+    otlp_protocol: str = "http/protobuf"
+    service_name: str = ""  # OTEL_SERVICE_NAME; empty: the process's own default
+    sampler_configured: bool = False  # OTEL_TRACES_SAMPLER is set: use the SDK's sampler, not ours
+
+
+@dataclass(frozen=True)
+class ExtensionSettings:
+    tool_modules: tuple[str, ...] = ()  # AGENT_TOOL_MODULES
+    provider_modules: tuple[str, ...] = ()  # AGENT_PROVIDER_MODULES
+
+
+@dataclass(frozen=True)
+class Settings:
+    temporal: TemporalSettings = field(default_factory=TemporalSettings)
+    model: str = "scripted:demo"  # AGENT_MODEL: the default model of runs that name none
+    openai: ProviderEndpoint = field(default_factory=lambda: ProviderEndpoint("https://api.openai.com/v1"))
+    anthropic: ProviderEndpoint = field(default_factory=lambda: ProviderEndpoint("https://api.anthropic.com"))
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
+    extensions: ExtensionSettings = field(default_factory=ExtensionSettings)
+    http_allow: tuple[str, ...] = ()
+    store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
+    state_dir: Path = DEFAULT_STATE_DIR
+    prices_file: str = ""
+    policy_file: str = ""
+    approval_key: SecretStr | None = None
+    reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
+    # The rest of the environment, for operator extensions (``variable``); never printed.
+    environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the environment (or ``env``); :class:`ConfigurationError` names the first bad variable."""
+        env = dict(os.environ if env is None else env)
+        reader = _Reader(env)
+        openai_key = reader.secret("OPENAI_API_KEY")
+        anthropic_key = reader.secret("ANTHROPIC_API_KEY")
+        e2b_key = reader.secret("E2B_API_KEY")
+        state_dir = Path(reader.text("AGENT_STATE_DIR") or str(DEFAULT_STATE_DIR))
+        limits = _local_limits(reader)
+        sandbox = reader.text("AGENT_SANDBOX").lower() or ("e2b" if e2b_key else "local")
+        if sandbox not in SANDBOX_BACKENDS:
+            raise ConfigurationError(
+                f"AGENT_SANDBOX={reader.text('AGENT_SANDBOX')!r}: expected one of {', '.join(SANDBOX_BACKENDS)}"
+            )
+        return cls(
+            temporal=TemporalSettings(
+                address=reader.text("TEMPORAL_ADDRESS") or "localhost:7233",
+                namespace=reader.text("TEMPORAL_NAMESPACE") or "default",
+                profile=reader.text("TEMPORAL_PROFILE"),
+                task_queue=reader.text("AGENT_TASK_QUEUE") or "agents",
+                ui_url=(reader.text("TEMPORAL_UI_URL") or "http://localhost:8233").rstrip("/"),
+            ),
+            model=reader.text("AGENT_MODEL") or default_model(openai_key, anthropic_key),
+            openai=ProviderEndpoint(
+                (reader.text("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/"), openai_key
+            ),
+            anthropic=ProviderEndpoint(
+                (reader.text("ANTHROPIC_BASE_URL") or "https://api.anthropic.com").rstrip("/"), anthropic_key
+            ),
+            sandbox=SandboxSettings(
+                backend=sandbox,
+                local=LocalSandboxSettings(limits=limits, uid_base=_uid_base(reader)),
+                e2b=_e2b(reader, limits),
+                e2b_api_key=e2b_key,
+                reap_interval_s=reader.number("AGENT_REAP_INTERVAL_S", 600.0, minimum=0.0),
+            ),
+            observability=_observability(reader),
+            extensions=ExtensionSettings(
+                tool_modules=reader.names("AGENT_TOOL_MODULES"),
+                provider_modules=reader.names("AGENT_PROVIDER_MODULES"),
+            ),
+            http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
+            store_url=reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3"),
+            state_dir=state_dir,
+            prices_file=reader.text("AGENT_PRICES"),
+            policy_file=reader.text("AGENT_POLICY_FILE"),
+            approval_key=reader.secret("AGENT_APPROVAL_KEY"),
+            reviewer=reader.text("USER") or "cli",
+            environ=MappingProxyType(env),
+        )
+
+    @property
+    def task_queue(self) -> str:
+        return self.temporal.task_queue
+
+    def variable(self, name: str, default: str = "") -> str:
+        """An environment variable for an operator's own extension (a provider's key, a tool's endpoint).
+
+        Read from the snapshot taken by :meth:`from_env`, so extensions never touch ``os.environ``.
+        """
+        return self.environ.get(name, default)
+
+    def secret_values(self) -> list[str]:
+        """Every configured secret (API keys, the approval key, the store URL's password), for redaction."""
+        keys = [
+            s.get_secret_value()
+            for s in (self.openai.api_key, self.anthropic.api_key, self.sandbox.e2b_api_key, self.approval_key)
+            if s is not None and s.get_secret_value()
+        ]
+        return [*keys, *url_passwords(self.store_url)]
+
+
+class _Reader:
+    """Typed reads of one environment snapshot; every problem names its variable."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def text(self, name: str) -> str:
+        return self.env.get(name, "").strip()
+
+    def secret(self, name: str) -> SecretStr | None:
+        value = self.text(name)
+        return SecretStr(value) if value else None
+
+    def names(self, name: str) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.text(name).split(",") if part.strip())
+
+    def number(self, name: str, default: float, *, minimum: float = 0.0, positive: bool = False) -> float:
+        raw = self.text(name)
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name}={raw!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigurationError(f"{name}={raw!r} is not a finite number")
+        if positive and value <= 0:
+            raise ConfigurationError(f"{name}={raw!r} must be positive")
+        if value < minimum:
+            raise ConfigurationError(f"{name}={raw!r} must be at least {minimum:g}")
+        return value
+
+    def integer(self, name: str, default: int, *, low: int, high: int) -> int:
+        raw = self.text(name)
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name}={raw!r} is not an integer") from None
+        if not low <= value <= high:
+            raise ConfigurationError(f"{name}={raw!r} must be between {low} and {high}")
+        return value
+
+
+def _local_limits(reader: _Reader) -> LocalLimits:
+    default = LocalLimits()
+
+    def positive(name: str, fallback: float) -> float:
+        return reader.number(name, fallback, positive=True)
+
+    return LocalLimits(
+        timeout_s=positive("AGENT_SANDBOX_TIMEOUT_S", default.timeout_s),
+        memory_mb=int(positive("AGENT_SANDBOX_MEMORY_MB", default.memory_mb)),
+        cpu_s=int(positive("AGENT_SANDBOX_CPU_S", default.cpu_s)),
+        output_bytes=int(positive("AGENT_SANDBOX_OUTPUT_BYTES", default.output_bytes)),
+        fsize_mb=int(positive("AGENT_SANDBOX_FSIZE_MB", default.fsize_mb)),
+        nofile=int(positive("AGENT_SANDBOX_NOFILE", default.nofile)),
+        tmpfs_mb=int(positive("AGENT_SANDBOX_TMPFS_MB", default.tmpfs_mb)),
+        nproc=int(positive("AGENT_SANDBOX_NPROC", default.nproc)),
+    )
+
+
+def _uid_base(reader: _Reader) -> int:
+    return reader.integer("AGENT_SANDBOX_UID_BASE", DEFAULT_UID_BASE, low=1000, high=4_000_000_000)
+
+
+def _e2b(reader: _Reader, limits: LocalLimits) -> E2BConfig:
+    return E2BConfig(
+        template=reader.text("AGENT_E2B_TEMPLATE") or E2BConfig.template,
+        timeout_s=reader.integer("AGENT_E2B_TIMEOUT_S", E2BConfig.timeout_s, low=1, high=30 * 24 * 3600),
+        internet=reader.text("AGENT_E2B_INTERNET").lower() in _TRUE,
+        limits=limits,
+    )
+
+
+def _observability(reader: _Reader) -> ObservabilitySettings:
+    level = (reader.text("AGENT_LOG_LEVEL") or "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigurationError(
+            f"AGENT_LOG_LEVEL={reader.text('AGENT_LOG_LEVEL')!r}: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    port: int | None = None
+    if reader.text("AGENT_METRICS_PORT"):
+        port = reader.integer("AGENT_METRICS_PORT", 0, low=1, high=65535)
+    endpoint = reader.text("OTEL_EXPORTER_OTLP_ENDPOINT") or reader.text("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    exporters = tuple(n.lower() for n in reader.names("OTEL_TRACES_EXPORTER")) or (("otlp",) if endpoint else ())
+    unknown = [name for name in exporters if name not in TRACE_EXPORTERS]
+    if unknown:
+        raise ConfigurationError(
+            f"OTEL_TRACES_EXPORTER={reader.text('OTEL_TRACES_EXPORTER')!r}: expected {', '.join(TRACE_EXPORTERS)}"
+        )
+    return ObservabilitySettings(
+        log_level=level,
+        metrics_port=port,
+        trace_exporters=tuple(name for name in exporters if name != "none"),
+        otlp_protocol=reader.text("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or reader.text("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf",
+        service_name=reader.text("OTEL_SERVICE_NAME"),
+        sampler_configured=bool(reader.text("OTEL_TRACES_SAMPLER")),
+    )
+
+
+def url_passwords(url: str) -> list[str]:
+    """The password of a store URL, in its userinfo or as a ``?password=`` query parameter."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password or ""]
+        found += [value for key, value in parse_qsl(parts.query) if key.lower() == "password"]
+    except ValueError:
+        return []
+    return [value for value in found if value]
+
+
+def default_model(openai_key: SecretStr | None, anthropic_key: SecretStr | None) -> str:
+    """``AGENT_MODEL`` when unset: a real provider when its key exists, else the offline script."""
+    if openai_key is not None:
+        return "openai:gpt-4o-mini"
+    if anthropic_key is not None:
+        return "anthropic:claude-sonnet-4-5"
+    return "scripted:demo"

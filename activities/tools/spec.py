@@ -1,0 +1,127 @@
+"""What a tool is: ``@tool`` turns ``async fn(args, ctx) -> str`` into a :class:`ToolSpec`.
+
+``@tool`` does not register anything globally: it attaches the spec to the
+function, and a :class:`~activities.tools.registry.ToolRegistry` collects the
+specs of the modules it loads (the built-ins, then ``AGENT_TOOL_MODULES``). The
+same module can therefore be loaded into as many independent registries as a
+process needs (one per worker, one per test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from activities.settings import Settings
+from workflows.types import ToolInvocation
+
+SPEC_ATTRIBUTE = "__durable_agents_tool__"
+
+
+class ToolError(Exception):
+    """A failure the model should read and can react to (not retried)."""
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox."""
+
+    invocation: ToolInvocation
+    settings: Settings
+    sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
+
+
+ToolFn = Callable[[Any, ToolContext], Awaitable[str]]
+# "Did it happen?": the result text when the side effect is found to have happened, None when it did not.
+ReconcileFn = Callable[[Any, ToolContext], Awaitable[str | None]]
+# Undo a completed side effect (given its recorded result); returns a note for the run's record.
+CompensateFn = Callable[[Any, ToolContext, str], Awaitable[str]]
+Recovery = Literal["idempotent_by_key", "reconcile", "unknown"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    fn: ToolFn
+    side_effect: bool = False
+    uses_sandbox: bool = False
+    timeout_s: int = 60
+    max_attempts: int = 3
+    heartbeat_s: int = 0
+    recovery: Recovery = "unknown"
+    reconcile: ReconcileFn | None = None
+    compensate: CompensateFn | None = None
+
+    @property
+    def ledgered(self) -> bool:
+        """Side effects go through the idempotency ledger; read-only tools skip it."""
+        return self.side_effect
+
+    def json_schema(self) -> dict[str, Any]:
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def definition(self) -> dict[str, Any]:
+        """Provider-neutral definition: name, description, JSON schema of the arguments."""
+        return {"name": self.name, "description": self.description, "parameters": self.json_schema()}
+
+
+def tool(
+    name: str,
+    *,
+    description: str,
+    args: type[BaseModel],
+    side_effect: bool = False,
+    uses_sandbox: bool = False,
+    timeout_s: int = 60,
+    max_attempts: int = 3,
+    heartbeat_s: int = 0,
+    recovery: Recovery = "unknown",
+    reconcile: ReconcileFn | None = None,
+    compensate: CompensateFn | None = None,
+) -> Callable[[ToolFn], ToolFn]:
+    """Declare ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model.
+
+    For tools with ``side_effect=True``, ``recovery`` says what a retry does when an
+    earlier attempt recorded its intent but no outcome: ``idempotent_by_key`` runs
+    again with the same idempotency key (the destination dedupes), ``reconcile``
+    asks ``reconcile(args, ctx)`` whether it happened, and ``unknown`` (the default)
+    pauses the run for a human. ``compensate`` undoes a completed call when the run
+    is cancelled. Raise :class:`ToolError` for failures the model should read.
+    """
+    if recovery == "reconcile" and reconcile is None:
+        raise ValueError(f"tool {name!r}: recovery='reconcile' needs a reconcile function")
+    if not name or not name.replace("_", "a").replace("-", "a").isalnum() or len(name) > 64:
+        raise ValueError(f"tool name {name!r}: use 1-64 letters, digits, '_' or '-'")
+
+    def declare(fn: ToolFn) -> ToolFn:
+        spec = ToolSpec(
+            name=name,
+            description=description,
+            args_model=args,
+            fn=fn,
+            side_effect=side_effect,
+            uses_sandbox=uses_sandbox,
+            timeout_s=timeout_s,
+            max_attempts=max_attempts,
+            heartbeat_s=heartbeat_s,
+            recovery=recovery,
+            reconcile=reconcile,
+            compensate=compensate,
+        )
+        setattr(fn, SPEC_ATTRIBUTE, spec)
+        return fn
+
+    return declare
+
+
+def spec_of(value: object) -> ToolSpec | None:
+    """The spec ``@tool`` attached to ``value``, if any."""
+    spec = getattr(value, SPEC_ATTRIBUTE, None)
+    return spec if isinstance(spec, ToolSpec) else None

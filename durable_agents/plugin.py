@@ -1,0 +1,147 @@
+"""``DurableAgentsPlugin``: the one composition root.
+
+On a client it sets the pydantic data converter; on a worker (built with that
+client, or given the plugin itself) it adds ``AgentWorkflow`` and every activity
+the workflow schedules, all bound to one :class:`~activities.runtime.Runtime`
+(settings, run store, tool and provider registries, prices, policy, sandboxes).
+While a worker runs, the plugin also registers the ``Agent*`` search attributes
+where it may, and reaps sandboxes of ended runs every ``AGENT_REAP_INTERVAL_S``.
+
+Embedding in your own Temporal application::
+
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from durable_agents import DurableAgentsPlugin
+
+    plugin = DurableAgentsPlugin()  # Settings.from_env(); or DurableAgentsPlugin(settings)
+    client = await Client.connect("localhost:7233", plugins=[plugin])
+    worker = Worker(client, task_queue="my-app", workflows=[MyWorkflow], activities=[my_activity])
+    # MyWorkflow: await workflow.execute_child_workflow("AgentWorkflow", {"task": "..."}, task_queue="my-app")
+
+Construction validates the configuration (default model, providers, tool and
+provider modules, prices, policy) and raises
+:class:`~activities.settings.ConfigurationError` with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.converter import DataConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import Worker
+
+from activities.approvals import ApprovalActivities
+from activities.models.activity import ModelActivities
+from activities.models.registry import ProviderRegistry
+from activities.runtime import Runtime
+from activities.sandbox.activity import SandboxActivities
+from activities.settings import Settings
+from activities.tools.activity import CompensationActivities, TranscriptActivities, tool_activities
+from activities.tools.registry import ToolRegistry
+from durable_agents.reaping import reap_forever
+from durable_agents.search_attributes import ensure_search_attributes
+from workflows.agent import AgentWorkflow
+
+PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
+log = structlog.get_logger("plugin")
+
+
+def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
+    """Every activity ``AgentWorkflow`` schedules: run config, model, transcript, sandbox, one per tool."""
+    model = ModelActivities(runtime)
+    sandbox = SandboxActivities(runtime)
+    transcript = TranscriptActivities(runtime)
+    return [
+        model.run_config,
+        ApprovalActivities(runtime.settings).verify_decision,
+        model.model,
+        transcript.transcript_append,
+        CompensationActivities(runtime).compensate,
+        sandbox.sandbox_create,
+        sandbox.sandbox_kill,
+        *tool_activities(runtime),
+    ]
+
+
+def with_pydantic(existing: DataConverter | None) -> DataConverter:
+    """The pydantic payload converter, keeping any payload codec or failure converter already configured."""
+    if existing is None or existing is DataConverter.default:
+        return pydantic_data_converter
+    if existing.payload_converter_class is PydanticPayloadConverter:
+        return existing
+    return dataclasses.replace(existing, payload_converter_class=PydanticPayloadConverter)
+
+
+class DurableAgentsPlugin(SimplePlugin):
+    """Adds ``AgentWorkflow``, its activities and the data converter to a client and its workers.
+
+    ``settings`` defaults to ``Settings.from_env()``. ``tools`` / ``providers`` replace the
+    registries built from the settings (built-ins plus ``AGENT_TOOL_MODULES`` /
+    ``AGENT_PROVIDER_MODULES``). ``runtime`` supplies a ready runtime instead (its owner
+    closes it); otherwise the plugin closes the one it built when its last worker stops.
+    ``reaper=False`` turns the background sandbox reaper off for this plugin's workers.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        tools: ToolRegistry | None = None,
+        providers: ProviderRegistry | None = None,
+        runtime: Runtime | None = None,
+        reaper: bool = True,
+        search_attributes: bool = True,
+    ) -> None:
+        if runtime is not None:
+            self.runtime, self._owns_runtime = runtime, False
+        else:
+            settings = settings if settings is not None else Settings.from_env()
+            self.runtime, self._owns_runtime = Runtime.from_settings(settings, tools=tools, providers=providers), True
+        self.settings = self.runtime.settings
+        self._reaper = reaper and self.settings.sandbox.reap_interval_s > 0
+        self._search_attributes = search_attributes
+        self._running_workers = 0
+        super().__init__(
+            PLUGIN_NAME,
+            data_converter=with_pydantic,
+            workflows=[AgentWorkflow],
+            activities=all_activities(self.runtime),
+        )
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        """Around each worker: search attributes once, the reaper while it runs, the runtime closed after."""
+        client = worker.client
+        if self._search_attributes and not self.runtime.search_attributes_ready:
+            self.runtime.search_attributes_ready = await ensure_search_attributes(client)
+        reaper = (
+            asyncio.create_task(
+                reap_forever(client, self.runtime.sandbox_backend, self.settings.sandbox.reap_interval_s),
+                name="sandbox-reaper",
+            )
+            if self._reaper
+            else None
+        )
+        self._running_workers += 1
+        try:
+            await next(worker)
+        finally:
+            self._running_workers -= 1
+            if reaper is not None:
+                reaper.cancel()
+                # Awaited so that a reap pass in flight finishes its cancellation before the store closes.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reaper
+            if self._owns_runtime and self._running_workers == 0:
+                await self.runtime.aclose()
+
+    async def aclose(self) -> None:
+        """Close the runtime (store, provider connections); for callers that never ran a worker."""
+        await self.runtime.aclose()
