@@ -8,8 +8,8 @@ import uuid
 
 from temporalio.testing import WorkflowEnvironment
 
-import tests.fakes.compensable_tools  # noqa: F401  (registers the `reserve` tool)
 from activities.runtime import Runtime
+from activities.settings import ExtensionSettings
 from tests.conftest import WorkerFactory, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -22,7 +22,8 @@ async def test_cancel_compensates_completed_side_effects(
 ) -> None:
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"rules": [{"tool": "*", "decision": "allow"}]}))
-    rt = with_settings(runtime, policy_file=str(policy))
+    tools = ExtensionSettings(tool_modules=("tests.fakes.compensable_tools",))
+    rt = with_settings(runtime, policy_file=str(policy), extensions=tools)
     with HttpSink() as sink:
         llm.enqueue(
             Scripted(tool_calls=[("reserve", json.dumps({"url": f"{sink.url}/seats/1"}))]),

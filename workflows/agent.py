@@ -281,8 +281,7 @@ class AgentWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 carry.continued += 1
                 self._emit("continued_as_new", f"continuing as new after step {carry.step}")
-                carry.stream = self._reporter.state_for_continue_as_new()
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                carry.stream = await self._reporter.hand_over()
                 workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 
             self._step = carry.step = carry.step + 1

@@ -71,8 +71,15 @@ class Reporter:
         self._topic.publish(event)
         self._offset += 1
 
-    def state_for_continue_as_new(self) -> WorkflowStreamState:
+    async def hand_over(self) -> WorkflowStreamState:
+        """The stream's state for the next run, once every running handler has finished.
+
+        Pollers are released first (a long poll would otherwise keep ``all_handlers_finished``
+        false), then running handlers finish and may still publish, and only then is the state
+        taken: an event published by a handler during the hand-over is carried, never lost.
+        """
         self.stream.detach_pollers()
+        await workflow.wait_condition(workflow.all_handlers_finished)
         if self._offset > STREAM_RETAIN:
             self.stream.truncate(self._offset - STREAM_RETAIN)
         return self.stream.get_state()

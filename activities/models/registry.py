@@ -41,14 +41,6 @@ def provider(prefix: str) -> Callable[[ProviderFactory], ProviderFactory]:
     return declare
 
 
-def split_model(model: str) -> tuple[str, str]:
-    """``"openai:gpt-4o"`` → ``("openai", "gpt-4o")``; ``FatalProviderError`` when there is no prefix."""
-    prefix, sep, name = model.partition(":")
-    if not sep or not prefix or not name:
-        raise FatalProviderError(f"model {model!r} is not of the form <provider>:<model> (e.g. openai:gpt-4o-mini)")
-    return prefix, name
-
-
 class ProviderRegistry:
     """Provider factories by prefix. ``add`` refuses a prefix registered by another factory."""
 
@@ -80,11 +72,12 @@ class ProviderRegistry:
 
     def check_model(self, model: str) -> tuple[str, str]:
         """``(prefix, name)`` of a model string this registry can serve; ``FatalProviderError`` otherwise."""
-        prefix, name = split_model(model)
-        if prefix not in self._factories:
+        prefix, sep, name = model.partition(":")
+        if not sep or not name or prefix not in self._factories:
             raise FatalProviderError(
-                f"unknown model provider {prefix!r} in {model!r}: expected one of "
+                f"unknown model {model!r}: expected one of "
                 + ", ".join(f"{p}:<model>" for p in self.prefixes())
+                + " (e.g. openai:gpt-4o-mini, scripted:demo)"
             )
         return prefix, name
 
