@@ -52,9 +52,7 @@ async def test_event_published_by_a_running_handler_survives_continue_as_new(dev
     task_queue = f"handover-{uuid.uuid4().hex[:8]}"
     workflow_id = f"handover-{uuid.uuid4().hex[:8]}"
     async with Worker(client, task_queue=task_queue, workflows=[HandoverProbe]):
-        handle = await client.start_workflow(
-            HandoverProbe.run, ProbeInput(), id=workflow_id, task_queue=task_queue
-        )
+        handle = await client.start_workflow(HandoverProbe.run, ProbeInput(), id=workflow_id, task_queue=task_queue)
         await handle.signal(HandoverProbe.slow_decision)
         carried = await client.get_workflow_handle(workflow_id, result_type=int).result()
         texts = []

@@ -58,6 +58,8 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=["ModelRejected", "InvalidInput"],
 )
+# A failed transcript append no longer skips the sandbox kill (each cleanup step runs on its own).
+CLEANUP_STEPS_PATCH = "cleanup-steps-independent-v1"
 HOUSEKEEPING_TIMEOUT = timedelta(seconds=30)
 HOUSEKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 DEFAULT_SYSTEM_PROMPT = (
@@ -334,9 +336,10 @@ class AgentWorkflow:
         return turn
 
     async def _cleanup(self, carry: Carry) -> None:
-        """Kill the sandbox and store workflow-made results; never fails the run."""
-        try:
-            if carry.pending:
+        """Store workflow-made results, then kill the sandbox: each step on its own; neither fails the run."""
+        append_failed = False
+        if carry.pending:
+            try:
                 await workflow.execute_activity(
                     "transcript_append",
                     args=[carry.conversation_id, carry.pending],
@@ -345,7 +348,12 @@ class AgentWorkflow:
                     summary="store final tool results",
                 )
                 carry.pending = []
-            if carry.sandbox_id:
+            except ActivityError as err:
+                append_failed = True
+                workflow.logger.warning("cleanup: storing the final tool results failed: %s", cause_text(err))
+        # Runs recorded before this patch skipped the kill after a failed append; they replay unchanged.
+        if carry.sandbox_id and (not append_failed or workflow.patched(CLEANUP_STEPS_PATCH)):
+            try:
                 await workflow.execute_activity(
                     "sandbox_kill",
                     SandboxRequest(sandbox_id=carry.sandbox_id, conversation_id=carry.conversation_id),
@@ -354,8 +362,8 @@ class AgentWorkflow:
                     summary="kill sandbox",
                 )
                 carry.sandbox_id = ""
-        except ActivityError as err:
-            workflow.logger.warning("cleanup failed: %s", cause_text(err))
+            except ActivityError as err:
+                workflow.logger.warning("cleanup: killing sandbox %s failed: %s", carry.sandbox_id, cause_text(err))
 
     # --- limits and bookkeeping ----------------------------------------------------------
 
