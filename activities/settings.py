@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+import re
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import SecretStr
@@ -34,6 +35,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SANDBOX_BACKENDS = ("local", "e2b")
 TRACE_EXPORTERS = ("console", "otlp", "none")
 _TRUE = ("1", "true", "yes", "on")
+_CONNINFO_PASSWORD = re.compile(r"\bpassword\s*=\s*(?:'([^']*)'|(\S+))")
 
 
 class ConfigurationError(ValueError):
@@ -311,7 +313,9 @@ def _observability(reader: _Reader) -> ObservabilitySettings:
 
 
 def url_passwords(url: str) -> list[str]:
-    """The password of a store URL, in its userinfo or as a ``?password=`` query parameter."""
+    """The password of a store URL: in its userinfo, a ``?password=`` query parameter or ``password=`` conninfo."""
+    if "://" not in url:
+        return [m.group(1) or m.group(2) for m in _CONNINFO_PASSWORD.finditer(url) if m.group(1) or m.group(2)]
     try:
         parts = urlsplit(url)
         found = [parts.password or ""]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 RunState = Literal["running", "waiting_approval", "completed", "failed", "cancelled", "limit_exceeded"]
@@ -18,6 +18,8 @@ ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
 
 class Limits(BaseModel):
     """Brakes enforced by the workflow before every model turn."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelled limit must not run with the default
 
     max_steps: int = Field(default=20, ge=1)
     max_tokens: int = Field(default=200_000, ge=1)
@@ -83,7 +85,9 @@ class Carry(BaseModel):
 
 
 class AgentInput(BaseModel):
-    """Workflow input. Only ``task`` is required (public contract)."""
+    """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
 
     task: str = Field(min_length=1)
     model: str = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)

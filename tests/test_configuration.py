@@ -1,0 +1,172 @@
+"""Configuration is read once (``Settings``), validated at worker start, and a bad value is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from activities.catalog import provider_registry, tool_registry
+from activities.runtime import Runtime
+from activities.settings import ConfigurationError, ExtensionSettings, Settings
+from activities.tools import ToolContext, ToolRegistry, tool
+from activities.tools.spec import spec_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+@tool("model", description="collides with the runtime's model activity", args=NoArgs)
+async def model_named_tool(args: NoArgs, ctx: ToolContext) -> str:
+    return ""
+
+
+@tool("read_file", description="a second read_file", args=NoArgs)
+async def second_read_file(args: NoArgs, ctx: ToolContext) -> str:
+    return ""
+
+
+def settings_for(tmp_path: Path, **changes: object) -> Settings:
+    base = Settings(store_url=str(tmp_path / "store.sqlite3"), state_dir=tmp_path / "agent")
+    return Settings(**{**base.__dict__, **changes})  # type: ignore[arg-type]
+
+
+def test_bad_variables_name_themselves() -> None:
+    for env, variable in (
+        ({"AGENT_LOG_LEVEL": "LOUD"}, "AGENT_LOG_LEVEL"),
+        ({"AGENT_SANDBOX": "nonsense"}, "AGENT_SANDBOX"),
+        ({"AGENT_REAP_INTERVAL_S": "-1"}, "AGENT_REAP_INTERVAL_S"),
+        ({"AGENT_METRICS_PORT": "99999"}, "AGENT_METRICS_PORT"),
+        ({"AGENT_SANDBOX_TIMEOUT_S": "nan"}, "AGENT_SANDBOX_TIMEOUT_S"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ):
+        with pytest.raises(ConfigurationError, match=variable):
+            Settings.from_env(env)
+
+
+def test_settings_are_read_from_the_given_environment_only() -> None:
+    settings = Settings.from_env(
+        {"AGENT_TOOL_MODULES": "a.b, c", "AGENT_PROVIDER_MODULES": "p", "AGENT_TASK_QUEUE": "q", "MY_KEY": "v"}
+    )
+    assert settings.extensions == ExtensionSettings(tool_modules=("a.b", "c"), provider_modules=("p",))
+    assert settings.task_queue == "q" and settings.variable("MY_KEY") == "v" and settings.variable("NOPE") == ""
+    assert settings.model == "scripted:demo" and settings.sandbox.backend == "local"
+    assert "MY_KEY" not in repr(settings)
+    assert Settings.from_env({"E2B_API_KEY": "e2b_x"}).sandbox.backend == "e2b"
+
+
+def test_store_passwords_are_secrets_wherever_they_are_written() -> None:
+    for url, password in (
+        ("postgresql://agent:pw-userinfo@db:5432/agents", "pw-userinfo"),
+        ("postgresql://agent@db:5432/agents?sslmode=require&password=pw-query", "pw-query"),
+        ("host=db user=agent password=pw-conninfo dbname=agents", "pw-conninfo"),
+    ):
+        assert password in Settings.from_env({"AGENT_STORE_URL": url}).secret_values()
+
+
+def test_bad_files_and_models_stop_the_runtime_at_start(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai:x": {"input": -1, "output": 1}}))
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"rules": [{"tool": "*", "decision": "maybe"}]}))
+    cases = [
+        (settings_for(tmp_path, prices_file=str(tmp_path / "missing.json")), "AGENT_PRICES"),
+        (settings_for(tmp_path, prices_file=str(prices)), "AGENT_PRICES"),
+        (settings_for(tmp_path, policy_file=str(policy)), "AGENT_POLICY_FILE"),
+        (settings_for(tmp_path, model="gpt-4o"), "AGENT_MODEL: unknown model 'gpt-4o'"),
+        (settings_for(tmp_path, model="nope:v1"), "AGENT_MODEL: unknown model 'nope:v1'"),
+        (
+            settings_for(tmp_path, extensions=ExtensionSettings(tool_modules=("no_such_tools",))),
+            "AGENT_TOOL_MODULES: cannot import 'no_such_tools'",
+        ),
+        (
+            settings_for(tmp_path, extensions=ExtensionSettings(provider_modules=("tests.fakes.broken_provider",))),
+            "model provider 'broken' failed to start: BROKEN_ENDPOINT is not set",
+        ),
+    ]
+    for settings, message in cases:
+        with pytest.raises(ConfigurationError, match=message) as raised:
+            Runtime.from_settings(settings)
+        assert "\n" not in str(raised.value)
+
+
+def test_a_priced_model_turn_cannot_fail_on_prices(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai:house": {"input": 1.0, "output": 2.0}}))
+    runtime = Runtime.from_settings(settings_for(tmp_path, prices_file=str(prices)))
+    assert runtime.prices.cost_usd("openai:house", 1_000_000, 1_000_000) == 3.0
+    assert runtime.prices.cost_usd("openai:unpriced", 10, 10) == 0.0
+    prices.unlink()  # the file is read once, at start: a run never depends on it again
+    assert runtime.prices.cost_usd("openai:house", 1_000_000, 0) == 1.0
+
+
+def test_registries_are_independent_objects() -> None:
+    settings = Settings()
+    first, second = tool_registry(settings), tool_registry(settings)
+    assert first is not second and first.names() == second.names()
+    assert set(first.names()) == {"http_request", "read_file", "run_python", "run_shell", "write_file"}
+    spec = spec_of(second_read_file)
+    assert spec is not None
+    extra = ToolRegistry()
+    extra.add(spec)
+    assert "read_file" in extra and len(extra) == 1
+    assert "always_fails" not in first, "tools of test modules never leak into a fresh registry"
+    assert provider_registry(settings).prefixes() == ["anthropic", "openai", "scripted"]
+
+
+def test_reserved_and_duplicate_tool_names_are_refused() -> None:
+    registry = tool_registry(Settings())
+    reserved = spec_of(model_named_tool)
+    duplicate = spec_of(second_read_file)
+    assert reserved is not None and duplicate is not None
+    with pytest.raises(ConfigurationError, match="tool name 'model' is reserved by the runtime"):
+        registry.add(reserved)
+    with pytest.raises(ConfigurationError, match="tool 'read_file' is already registered"):
+        registry.add(duplicate)
+
+
+def run_worker_process(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(ROOT),
+        "AGENT_STATE_DIR": str(tmp_path / "agent"),
+        "TEMPORAL_ADDRESS": "127.0.0.1:1",  # never reached: configuration is checked first
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "worker.py")],
+        env=full_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"AGENT_TOOL_MODULES": "tests.fakes.no_such_module"}, "AGENT_TOOL_MODULES: cannot import"),
+        ({"AGENT_PROVIDER_MODULES": "no_such_provider"}, "AGENT_PROVIDER_MODULES: cannot import"),
+        ({"AGENT_MODEL": "nope:v1"}, "unknown model 'nope:v1'"),
+        ({"AGENT_PRICES": "/nonexistent/prices.json"}, "AGENT_PRICES"),
+        ({"AGENT_LOG_LEVEL": "LOUD"}, "AGENT_LOG_LEVEL"),
+        ({"AGENT_SANDBOX": "nonsense"}, "AGENT_SANDBOX"),
+    ],
+)
+def test_worker_stops_at_start_with_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+    done = run_worker_process(tmp_path, **env)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and needle in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(lines[0])["event"] == "bad_configuration"
