@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from activities.catalog import tool_registry
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
+from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend, clear_probe_cache
 from activities.settings import Settings
 from activities.tools import ToolContext, ToolError
 from activities.tools.http import MAX_HTTP_BODY_BYTES, HttpRequestArgs
@@ -274,3 +274,20 @@ async def test_run_shell_and_python(sandbox: LocalSandbox) -> None:
     assert out == "exit_code: 3\nstdout:\n42\n\nstderr: (empty)"
     failing = await call("run_python", {"code": "raise ValueError('boom')"}, ctx)
     assert "ValueError: boom" in failing and "exit_code: 1" in failing
+
+
+@pytest.mark.asyncio
+async def test_a_sandbox_that_cannot_isolate_is_an_error_the_model_reads(
+    sandbox: LocalSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No retry can install bubblewrap: the tool reports it instead of failing the activity."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    clear_probe_cache()
+    try:
+        with pytest.raises(ToolError, match="bubblewrap"):
+            await call("run_shell", {"command": "true"}, ctx_for("run_shell", sandbox=sandbox))
+    finally:
+        monkeypatch.undo()
+        clear_probe_cache()

@@ -1,0 +1,39 @@
+"""``DurableAgentsPlugin`` owns what runs beside a worker: the reaper stops with it, the runtime closes after."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.settings import SandboxSettings, Settings
+from durable_agents import DurableAgentsPlugin
+
+
+def reaper_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "sandbox-reaper" and not t.done()]
+
+
+async def test_reaper_runs_with_the_worker_and_is_awaited_when_it_stops(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    fast = replace(settings, sandbox=SandboxSettings(reap_interval_s=0.05))
+    plugin = DurableAgentsPlugin(fast, search_attributes=False)
+    async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
+        await asyncio.sleep(0.3)  # a few reap passes
+        assert len(reaper_tasks()) == 1
+    assert reaper_tasks() == [], "the reaper task finished before the worker's exit returned"
+    assert plugin.runtime._store is None, "the plugin closed the runtime it built"
+    # A later worker with the same plugin opens the store again.
+    async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
+        assert await plugin.runtime.store.get_message("nothing", 0) is None
+
+
+async def test_no_reaper_when_the_interval_is_zero(dev_env: WorkflowEnvironment, settings: Settings) -> None:
+    plugin = DurableAgentsPlugin(replace(settings, sandbox=SandboxSettings(reap_interval_s=0)), search_attributes=False)
+    async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
+        await asyncio.sleep(0.1)
+        assert reaper_tasks() == []
