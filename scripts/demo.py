@@ -14,7 +14,6 @@ so the link works (``make stop`` ends it).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from activities.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -83,12 +84,13 @@ def main() -> int:
     port = server.server_address[1]
     url = f"http://127.0.0.1:{port}/inventory/DA-42"
     queue = f"agents-demo-{uuid.uuid4().hex[:6]}"
+    settings = Settings.from_env()
     env = {
-        **os.environ,
-        "AGENT_MODEL": os.environ.get("DEMO_MODEL", "scripted:demo"),
+        **settings.environ,
+        "AGENT_MODEL": settings.variable("DEMO_MODEL", "scripted:demo"),
         "AGENT_HTTP_ALLOW": f"127.0.0.1:{port}",
         "AGENT_TASK_QUEUE": queue,
-        "AGENT_LOG_LEVEL": os.environ.get("AGENT_LOG_LEVEL", "WARNING"),
+        "AGENT_LOG_LEVEL": settings.variable("AGENT_LOG_LEVEL", "WARNING"),
     }
     worker = subprocess.Popen([PY, str(ROOT / "worker.py")], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     started = time.monotonic()

@@ -17,11 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from activities.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".temporal"
 PIDFILE = STATE / "server.pid"
 TEMPORAL = Path(sys.executable).parent / "temporal"
 # Search attributes the runtime keeps current (the dev server needs them declared up front).
+SETTINGS = Settings.from_env()
 SEARCH_ATTRIBUTES = [
     "AgentState=Keyword",
     "AgentPendingApprovals=Int",
@@ -32,7 +35,7 @@ SEARCH_ATTRIBUTES = [
 
 
 def _address() -> tuple[str, int]:
-    host, _, port = os.environ.get("TEMPORAL_ADDRESS", "localhost:7233").rpartition(":")
+    host, _, port = SETTINGS.temporal.address.rpartition(":")
     return host or "localhost", int(port)
 
 
@@ -61,7 +64,7 @@ def start() -> int:
         "--port",
         str(port),
         "--ui-port",
-        os.environ.get("TEMPORAL_UI_PORT", "8233"),
+        SETTINGS.variable("TEMPORAL_UI_PORT", "8233"),
         "--log-level",
         "warn",
     ]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("workflows", "activities", "durable_agents", "examples")
+PACKAGES = ("workflows", "activities", "durable_agents", "examples", "scripts")
 ENTRY_POINTS = ("worker.py", "starter.py")
 WORKFLOW_ALLOWED = {"temporalio", "pydantic", "workflows"}
 SETTINGS_MODULE = "activities.settings"
