@@ -36,7 +36,7 @@ async def second_read_file(args: NoArgs, ctx: ToolContext) -> str:
 
 def settings_for(tmp_path: Path, **changes: object) -> Settings:
     base = Settings(store_url=str(tmp_path / "store.sqlite3"), state_dir=tmp_path / "agent")
-    return Settings(**{**base.__dict__, **changes})  # type: ignore[arg-type]
+    return Settings(**{**base.__dict__, **changes})
 
 
 def test_bad_variables_name_themselves() -> None:

@@ -69,7 +69,7 @@ async def test_outcome_survives_store_errors_during_heartbeats_and_finish(tmp_pa
     settings = Settings(store_url=str(tmp_path / "store.sqlite3"), state_dir=tmp_path / "agent")
     runtime = Runtime.from_settings(settings, tools=ToolRegistry([spec]))
     flaky = FlakyStore(open_store(settings.store_url), finish_failures=2)
-    runtime._store = flaky  # type: ignore[assignment]
+    runtime._store = flaky
     [run_tool] = tool_activities(runtime)
     beats: list[Any] = []
     env = ActivityEnvironment()
