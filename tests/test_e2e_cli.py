@@ -150,6 +150,12 @@ def test_starter_errors_are_one_line(worker_env: tuple[Cli, Path]) -> None:
     assert down.returncode == 2
     assert len(down.stderr.strip().splitlines()) == 1 and "cannot reach Temporal at 127.0.0.1:1" in down.stderr
 
+    misconfigured = cli.starter("list", env={**cli.env, "AGENT_LOG_LEVEL": "loud"})
+    assert misconfigured.returncode == 2
+    assert misconfigured.stderr.strip().splitlines() == [
+        "error: AGENT_LOG_LEVEL='loud': expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+    ]
+
     not_running = cli.starter("cancel", "no-such-run")
     assert not_running.returncode == 1 and "no run with id" in not_running.stderr
 

@@ -1,4 +1,4 @@
-"""Live progress: ``durable_agents.watch`` on the run's Workflow Stream, and ``starter.py watch``.
+"""Live progress: ``durable_agents.cli.watch`` on the run's Workflow Stream, and ``starter.py watch``.
 
 Runs go through real dev servers (one of them suggests continue-as-new after a
 few dozen events), the real fake-LLM HTTP server and an HTTP sink as the tool
@@ -20,7 +20,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from durable_agents.watch import EventPrinter, watch
+from durable_agents.cli.watch import EventPrinter, watch
 from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted

@@ -1,9 +1,13 @@
-"""The approval side of ``starter.py``: approve / reject / pending, and reviewing while following a run.
+"""The approval commands of ``starter.py``: approve / reject / resolve / pending, and ``run``'s approval options.
 
 Decisions go through the ``decide`` update, so the caller learns at once whether
 a decision took effect (refusals come back with the run's reason). With
-``AGENT_APPROVAL_KEY`` set, decisions are signed
+``AGENT_APPROVAL_KEY`` set (``settings.approval_key``), decisions are signed
 (``workflows.identity.decision_signature``) for workers that require signed ones.
+
+``pending`` without a run id finds the waiting runs by the ``AgentPendingApprovals``
+search attribute, so it sees every one of them however many runs are running;
+on a namespace without the attribute it asks every running run instead.
 """
 
 from __future__ import annotations
@@ -11,15 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
@@ -30,31 +33,21 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.settings import Settings
+from durable_agents.cli.common import QUERY_TIMEOUT, CliError, describe_run
 from workflows.agent import AgentWorkflow
 from workflows.identity import canonical_json, decision_signature
 from workflows.policy import parse_run_policy
+from workflows.progress import PENDING_APPROVALS
 from workflows.types import DecideRequest, DecideResult, PendingApproval, StatusView
 
 Decision = Literal["approve", "reject", "retry", "mark_done", "fail"]
 RUNNING_AGENTS = "WorkflowType = 'AgentWorkflow' AND ExecutionStatus = 'Running'"
-QUERY_TIMEOUT = timedelta(seconds=10)
+WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
 DECIDE_TIMEOUT = timedelta(seconds=30)
+QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
 ARGS_WIDTH = 120
-# input() runs here, not in the loop's default executor: asyncio.run() joins that executor on exit,
-# which would hang a finished `run --follow` until someone pressed Enter at an abandoned prompt.
-_PROMPTS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="approval-prompt")
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def default_reviewer() -> str:
-    return os.environ.get("USER") or "cli"
+T = TypeVar("T")
 
 
 # --- argument parsing ----------------------------------------------------------------
@@ -93,7 +86,7 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
 def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--reviewer",
-        default=default_reviewer(),
+        default=None,  # settings.reviewer, once the settings are read
         help="your name when deciding approvals from --follow (default: $USER)",
     )
     run.add_argument(
@@ -178,7 +171,7 @@ def _row(workflow_id: str, approval: PendingApproval) -> dict[str, Any]:
     return {"workflow_id": workflow_id, **approval.model_dump(), "time_left": time_left(approval.expires_at)}
 
 
-def _given(args: dict[str, Any]) -> dict[str, Any]:
+def given(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments the model actually set (unset optional ones are null): what a reviewer reads."""
     return {key: value for key, value in args.items() if value is not None}
 
@@ -187,7 +180,7 @@ def _line(row: dict[str, Any]) -> str:
     who = ", ".join(row["reviewers"]) or "anyone"
     return (
         f"{row['workflow_id']}  {row['approval_id']}  {row['tool']}  "
-        f"{_truncate(canonical_json(_given(row['args'])), ARGS_WIDTH)}  rule={row['rule'] or '-'}  by={who}  "
+        f"{_truncate(canonical_json(given(row['args'])), ARGS_WIDTH)}  rule={row['rule'] or '-'}  by={who}  "
         f"left={row['time_left']}"
     )
 
@@ -209,13 +202,7 @@ def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[
 
 async def running_view(client: Client, workflow_id: str) -> tuple[str, StatusView | None]:
     """The run's state name and, while it runs, its status query answer."""
-    handle = client.get_workflow_handle(workflow_id)
-    try:
-        desc = await handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no run with id {workflow_id!r}") from None
-        raise
+    handle, desc = await describe_run(client, workflow_id)
     if desc.status != WorkflowExecutionStatus.RUNNING:
         return (desc.status.name.lower() if desc.status else "unknown"), None
     view = await query_status(handle)
@@ -238,16 +225,47 @@ async def _view_or_none(client: Client, workflow_id: str) -> StatusView | None:
         return None
 
 
+async def waiting_run_ids(client: Client) -> list[str]:
+    """Every run that may wait for a decision, all pages of the listing.
+
+    By the ``AgentPendingApprovals`` search attribute the workflow keeps current; on a
+    namespace that does not know the attribute (the server rejects the query), every
+    running ``AgentWorkflow`` (their status queries then tell which ones wait).
+    """
+    try:
+        return await _workflow_ids(client, WAITING_AGENTS)
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT:
+            raise
+    return await _workflow_ids(client, RUNNING_AGENTS)
+
+
+async def _workflow_ids(client: Client, query: str) -> list[str]:
+    ids = [wf.id async for wf in client.list_workflows(query)]  # no limit: the iterator reads every page
+    return list(dict.fromkeys(ids))
+
+
+async def _bounded(pending: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """Await each (not yet started) awaitable, at most ``limit`` at a time; results in their order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(awaitable: Awaitable[T]) -> T:
+        async with gate:
+            return await awaitable
+
+    return list(await asyncio.gather(*(one(awaitable) for awaitable in pending)))
+
+
 # --- commands ------------------------------------------------------------------------
 
 
-async def cmd_pending(client: Client, args: argparse.Namespace) -> int:
+async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     if args.workflow_id:
         state, view = await running_view(client, args.workflow_id)
         views = [(args.workflow_id, view)]
     else:
-        ids = [wf.id async for wf in client.list_workflows(RUNNING_AGENTS, limit=50)]
-        found = await asyncio.gather(*(_view_or_none(client, wid) for wid in ids))
+        ids = await waiting_run_ids(client)
+        found = await _bounded((_view_or_none(client, wid) for wid in ids), QUERY_CONCURRENCY)
         views = list(zip(ids, found, strict=True))
     rows = [_row(wid, approval) for wid, view in views if view for approval in view.pending_approvals]
     if args.json:
@@ -262,21 +280,23 @@ async def cmd_pending(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_approve(client: Client, args: argparse.Namespace) -> int:
-    return await _decide_command(client, args, "approve", args.comment)
+async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide_command(client, args, settings, "approve", args.comment)
 
 
-async def cmd_reject(client: Client, args: argparse.Namespace) -> int:
+async def cmd_reject(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     if not args.reason.strip():
         raise CliError("reject needs a non-empty --reason (the model is told why)", code=2)
-    return await _decide_command(client, args, "reject", args.reason)
+    return await _decide_command(client, args, settings, "reject", args.reason)
 
 
-async def cmd_resolve(client: Client, args: argparse.Namespace) -> int:
-    return await _decide_command(client, args, args.resolution, args.comment)
+async def cmd_resolve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide_command(client, args, settings, args.resolution, args.comment)
 
 
-async def _decide_command(client: Client, args: argparse.Namespace, decision: Decision, note: str) -> int:
+async def _decide_command(
+    client: Client, args: argparse.Namespace, settings: Settings, decision: Decision, note: str
+) -> int:
     workflow_id, reviewer = args.workflow_id, args.reviewer.strip()
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=2)
@@ -292,7 +312,17 @@ async def _decide_command(client: Client, args: argparse.Namespace, decision: De
         raise CliError(f"run {workflow_id} has {len(pending)} pending approvals; name one of: {', '.join(pending)}")
     else:
         approval_id = next(iter(pending))
-    print(await send_decision(client, workflow_id, approval_id, decision, reviewer, note, pending.get(approval_id)))
+    line = await send_decision(
+        client,
+        workflow_id,
+        approval_id,
+        decision,
+        reviewer,
+        note,
+        pending.get(approval_id),
+        approval_key=settings.approval_key,
+    )
+    print(line)
     return 0
 
 
@@ -304,9 +334,14 @@ async def send_decision(
     reviewer: str,
     note: str,
     approval: PendingApproval | None,
+    *,
+    approval_key: SecretStr | None,
 ) -> str:
-    """Send one decision by the ``decide`` update; the line to print when it took effect, else CliError."""
-    key = os.environ.get("AGENT_APPROVAL_KEY", "").strip()
+    """Send one decision by the ``decide`` update; the line to print when it took effect, else CliError.
+
+    With an ``approval_key`` the decision is signed (for workers that require signed decisions).
+    """
+    key = approval_key.get_secret_value() if approval_key is not None else ""
     expires_at = approval.expires_at if approval else ""
     request = DecideRequest(
         approval_id=approval_id,
@@ -340,112 +375,3 @@ async def send_decision(
     what = f" ({describe_call(approval.tool, approval.args)})" if approval else ""
     why = f": {note}" if note else ""
     return f"{verb} {approval_id}{what} as {reviewer}{why}"
-
-
-# --- reviewing while following a run ------------------------------------------------
-
-
-class FollowReviewer:
-    """Reacts once to each approval a followed run starts waiting for.
-
-    On a terminal (stdin and stdout) it asks ``approve? [y/n/c=comment]`` and sends
-    the answer; the prompt is read in a thread, so the follow loop keeps polling.
-    Otherwise, or once stdin is closed, it prints the exact commands that decide it.
-    """
-
-    def __init__(self, client: Client, workflow_id: str, reviewer: str, *, interactive: bool) -> None:
-        self.client, self.workflow_id, self.reviewer = client, workflow_id, reviewer
-        self.interactive = interactive
-        self.busy = False  # a prompt is open: the follow loop holds its progress lines
-        self._seen: set[str] = set()
-        self._queue: asyncio.Queue[PendingApproval] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    def notice(self, approvals: list[PendingApproval]) -> None:
-        for approval in approvals:
-            if approval.approval_id in self._seen:
-                continue
-            self._seen.add(approval.approval_id)
-            if not self.interactive:
-                self._print_commands(approval)
-                continue
-            self._queue.put_nowait(approval)
-            if self._task is None:
-                self._task = asyncio.ensure_future(self._review_queue())
-
-    async def close(self) -> None:
-        if self.busy:
-            print("\n(the run ended; the open approval prompt is closed)", flush=True)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def _print_commands(self, approval: PendingApproval) -> None:
-        print(
-            f"approval needed: {approval.approval_id}  {describe_call(approval.tool, approval.args)}  "
-            f"(rule {approval.rule or '-'}, may decide: {who_decides(approval)}, "
-            f"expires in {time_left(approval.expires_at)})"
-        )
-        approve, signal, reject = decide_commands(self.workflow_id, approval.approval_id, self.reviewer)
-        print(f"  approve: {approve}")
-        print(f"       or: {signal}")
-        if os.environ.get("AGENT_APPROVAL_KEY", "").strip():
-            print("           (unsigned: refused by workers that require signed decisions)")
-        print(f"   reject: {reject}", flush=True)
-
-    async def _review_queue(self) -> None:
-        while True:
-            approval = await self._queue.get()
-            if not self.interactive:
-                self._print_commands(approval)
-                continue
-            self.busy = True
-            try:
-                await self._review(approval)
-            except EOFError:
-                print("\n(stdin closed: decide with the commands below)")
-                self.interactive = False
-                self._print_commands(approval)
-            except (CliError, RPCError) as err:
-                print(f"error: {err}", file=sys.stderr, flush=True)
-            finally:
-                self.busy = False
-
-    async def _review(self, approval: PendingApproval) -> None:
-        _, view = await running_view(self.client, self.workflow_id)
-        if view is None or approval.approval_id not in {p.approval_id for p in view.pending_approvals}:
-            print(f"approval {approval.approval_id} is no longer pending")
-            return
-        args = json.dumps(_given(approval.args), indent=2, ensure_ascii=False).replace("\n", "\n    ")
-        print(f"\napproval needed: {approval.approval_id} (step {approval.step})")
-        print(f"  tool: {approval.tool}\n  args:\n    {args}")
-        left = time_left(approval.expires_at)
-        print(f"  rule: {approval.rule or '-'}   may decide: {who_decides(approval)}   expires in: {left}", flush=True)
-        decision: Decision
-        while True:
-            answer = (await _ask("approve? [y/n/c=comment] ")).strip().lower()
-            if answer in ("y", "yes"):
-                decision, note = "approve", ""
-            elif answer in ("c", "comment"):
-                decision, note = "approve", (await _ask("comment: ")).strip()
-            elif answer in ("n", "no"):
-                decision, note = "reject", ""
-                while not note:
-                    note = (await _ask("reason: ")).strip()
-            else:
-                continue
-            break
-        try:
-            line = await send_decision(
-                self.client, self.workflow_id, approval.approval_id, decision, self.reviewer, note, approval
-            )
-        except CliError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            approve, _, reject = decide_commands(self.workflow_id, approval.approval_id, "<reviewer>")
-            print(f"  to decide it otherwise: {approve}\n                      or: {reject}", flush=True)
-        else:
-            print(line, flush=True)
-
-
-async def _ask(prompt: str) -> str:
-    return await asyncio.get_running_loop().run_in_executor(_PROMPTS, input, prompt)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import sys
 import uuid
 from typing import Any
@@ -18,9 +16,11 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agents import approvals_cli
-from durable_agents.approvals_cli import QUERY_TIMEOUT, CliError, FollowReviewer
-from durable_agents.watch import EventPrinter, events, mode_for
+from activities.settings import Settings
+from durable_agents.cli.approvals import add_run_options, load_run_policy
+from durable_agents.cli.common import QUERY_TIMEOUT, CliError, name_list, positive_int, print_json
+from durable_agents.cli.review import FollowReviewer
+from durable_agents.cli.watch import EventPrinter, events, mode_for
 from workflows.agent import AgentWorkflow
 from workflows.progress import ProgressEvent
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
@@ -30,16 +30,29 @@ DETAILS_TASK_CHARS = 2000
 DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
 
 
-def ui_link(client: Client, workflow_id: str, run_id: str | None) -> str:
-    base = os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233").rstrip("/")
-    return f"{base}/namespaces/{client.namespace}/workflows/{workflow_id}/{run_id or ''}".rstrip("/")
+def add_command(sub: argparse._SubParsersAction[Any]) -> None:
+    run = sub.add_parser("run", help="start an agent run")
+    run.add_argument("task", help="what the agent should do")
+    # Empty by default: the worker runs the run on its own default model (its AGENT_MODEL).
+    run.add_argument("--model", default="", help="e.g. openai:gpt-4o-mini (default: the worker's)")
+    run.add_argument("--id", dest="workflow_id", help="workflow id (default: agent-<random>)")
+    run.add_argument("--max-steps", type=positive_int, help="model turns before limit_exceeded")
+    run.add_argument("--timeout", type=positive_int, dest="timeout_s", help="run deadline in seconds")
+    run.add_argument("--tools", type=name_list, help="comma-separated tool names (default: all)")
+    run.add_argument("--tenant", default="", help="tenant label for the run")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--wait", action="store_true", help="wait for the result")
+    mode.add_argument("--follow", action="store_true", help="show progress until the run ends")
+    run.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_run_options(run)
 
 
-def print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+def ui_link(ui_url: str, namespace: str, workflow_id: str, run_id: str | None) -> str:
+    base = ui_url.rstrip("/")
+    return f"{base}/namespaces/{namespace}/workflows/{workflow_id}/{run_id or ''}".rstrip("/")
 
 
-async def cmd_run(client: Client, args: argparse.Namespace) -> int:
+async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     limits = Limits()
     if args.max_steps:
         limits.max_steps = args.max_steps
@@ -52,10 +65,10 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
         limits=limits,
         tenant=args.tenant,
         approvers=args.approvers,
-        policy=approvals_cli.load_run_policy(args.policy_file),
+        policy=load_run_policy(args.policy_file),
     )
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
-    task_queue = os.environ.get("AGENT_TASK_QUEUE", "agents")
+    task_queue = settings.temporal.task_queue
     try:
         handle = await client.start_workflow(
             AgentWorkflow.run,
@@ -71,7 +84,7 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
         raise
     if not args.json:
         print(f"started run {workflow_id} on task queue {task_queue}")
-        print(f"  ui: {ui_link(client, workflow_id, handle.result_run_id)}")
+        print(f"  ui: {ui_link(settings.temporal.ui_url, client.namespace, workflow_id, handle.result_run_id)}")
     if not (args.wait or args.follow):
         if args.json:
             print_json({"workflow_id": workflow_id, "run_id": handle.result_run_id})
@@ -79,9 +92,12 @@ async def cmd_run(client: Client, args: argparse.Namespace) -> int:
     reviewer = None
     if args.follow and not args.json:
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        reviewer = FollowReviewer(client, workflow_id, args.reviewer, interactive=interactive)
+        name = args.reviewer if args.reviewer is not None else settings.reviewer
+        reviewer = FollowReviewer(
+            client, workflow_id, name, interactive=interactive, approval_key=settings.approval_key
+        )
     result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer)
-    return _report(result, args.json, handle, client)
+    return _report(result, args.json, handle, ui_link(settings.temporal.ui_url, client.namespace, handle.id, None))
 
 
 def static_summary(inp: AgentInput) -> str:
@@ -239,7 +255,7 @@ async def _poll_loop(
     return await _result(handle, result_task)
 
 
-def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any], client: Client) -> int:
+def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any], link: str) -> int:
     if as_json:
         print_json({"workflow_id": handle.id, **result.model_dump()})
     else:
@@ -249,5 +265,5 @@ def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any]
         )
         print(f"\n{result.output}\n")
         print(f"run id: {handle.id}")
-        print(f"ui:     {ui_link(client, handle.id, None)}")
+        print(f"ui:     {link}")
     return 0 if result.status == "completed" else 1

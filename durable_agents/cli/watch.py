@@ -12,25 +12,35 @@ that decide them) and ``plain`` (the same lines without colours).
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 from rich.console import Console
 from rich.text import Text
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.service import RPCError
 
-from durable_agents.approvals_cli import decide_commands, default_reviewer
+from activities.settings import Settings
+from durable_agents.cli.approvals import decide_commands
+from durable_agents.cli.common import CliError, describe_run, event_offset
 from workflows.progress import TOPIC, ProgressEvent
 
 Mode = Literal["json", "rich", "plain"]
 OnEvent = Callable[[int, ProgressEvent], Awaitable[None] | None]
 POLL_COOLDOWN = timedelta(milliseconds=100)
+DEFAULT_REVIEWER = Settings.reviewer  # "cli": the name in printed commands when none is given
 
 _STYLES: dict[str, str] = {
     "started": "bold",
@@ -113,7 +123,7 @@ class EventPrinter:
         self.mode = mode
         self.file = file if file is not None else sys.stdout
         self.show_commands = show_commands
-        self.reviewer = reviewer or default_reviewer()
+        self.reviewer = reviewer or DEFAULT_REVIEWER
         self._console = Console(file=self.file, highlight=False, soft_wrap=True) if mode == "rich" else None
 
     def __call__(self, offset: int, event: ProgressEvent) -> None:
@@ -160,16 +170,53 @@ async def watch(
     on_event: OnEvent | None = None,
     file: TextIO | None = None,
     poll_cooldown: timedelta = POLL_COOLDOWN,
+    reviewer: str | None = None,
 ) -> None:
     """Print a run's progress events from ``from_offset`` as they happen; return once the run has ended.
 
-    ``on_event(offset, event)`` (sync or async) sees every event before it is printed.
+    ``on_event(offset, event)`` (sync or async) sees every event before it is printed; ``reviewer``
+    is the name in the decide commands printed under approval requests.
     """
     out = file if file is not None else sys.stdout
-    printer = EventPrinter(workflow_id, mode=mode_for(json_lines, out), file=out)
+    printer = EventPrinter(workflow_id, mode=mode_for(json_lines, out), file=out, reviewer=reviewer)
     async for offset, event in events(client, workflow_id, from_offset=from_offset, poll_cooldown=poll_cooldown):
         if on_event is not None:
             result = on_event(offset, event)
             if inspect.isawaitable(result):
                 await result
         printer(offset, event)
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction[Any]) -> None:
+    watching = sub.add_parser("watch", help="stream a run's progress events until it ends")
+    watching.add_argument("workflow_id")
+    watching.add_argument("--json", action="store_true", help="one JSON object per event (ProgressEvent)")
+    watching.add_argument(
+        "--from",
+        dest="from_offset",
+        type=event_offset,
+        default=0,
+        metavar="N",
+        help="start at event offset N (default 0)",
+    )
+
+
+async def cmd_watch(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    _, desc = await describe_run(client, args.workflow_id)  # a missing run is a one-line error, not a hang
+    try:
+        await watch(
+            client, args.workflow_id, json_lines=args.json, from_offset=args.from_offset, reviewer=settings.reviewer
+        )
+    except (WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
+        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.cause or err}") from None
+    except RPCError as err:
+        hint = (
+            f" (the run has ended; its progress is read from a worker on task queue {desc.task_queue})"
+            if desc.status != WorkflowExecutionStatus.RUNNING
+            else ""
+        )
+        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.message}{hint}") from None
+    return 0

@@ -1,0 +1,155 @@
+"""Reviewing while following a run: ``run --follow`` asks for each approval, or prints the commands.
+
+The decisions go through :func:`durable_agents.cli.approvals.send_decision`, signed
+when the settings carry ``AGENT_APPROVAL_KEY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import SecretStr
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from durable_agents.cli.approvals import (
+    Decision,
+    decide_commands,
+    describe_call,
+    given,
+    running_view,
+    send_decision,
+    time_left,
+    who_decides,
+)
+from durable_agents.cli.common import CliError
+from workflows.types import PendingApproval
+
+# input() runs here, not in the loop's default executor: asyncio.run() joins that executor on exit,
+# which would hang a finished `run --follow` until someone pressed Enter at an abandoned prompt.
+_PROMPTS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="approval-prompt")
+
+
+class FollowReviewer:
+    """Reacts once to each approval a followed run starts waiting for.
+
+    On a terminal (stdin and stdout) it asks ``approve? [y/n/c=comment]`` and sends
+    the answer; the prompt is read in a thread, so the follow loop keeps polling.
+    Otherwise, or once stdin is closed, it prints the exact commands that decide it.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        workflow_id: str,
+        reviewer: str,
+        *,
+        interactive: bool,
+        approval_key: SecretStr | None = None,
+    ) -> None:
+        self.client, self.workflow_id, self.reviewer = client, workflow_id, reviewer
+        self.interactive = interactive
+        self.approval_key = approval_key  # decisions are signed with it; commands printed without it are not
+        self.busy = False  # a prompt is open: the follow loop holds its progress lines
+        self._seen: set[str] = set()
+        self._queue: asyncio.Queue[PendingApproval] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def notice(self, approvals: list[PendingApproval]) -> None:
+        for approval in approvals:
+            if approval.approval_id in self._seen:
+                continue
+            self._seen.add(approval.approval_id)
+            if not self.interactive:
+                self._print_commands(approval)
+                continue
+            self._queue.put_nowait(approval)
+            if self._task is None:
+                self._task = asyncio.ensure_future(self._review_queue())
+
+    async def close(self) -> None:
+        if self.busy:
+            print("\n(the run ended; the open approval prompt is closed)", flush=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _print_commands(self, approval: PendingApproval) -> None:
+        print(
+            f"approval needed: {approval.approval_id}  {describe_call(approval.tool, approval.args)}  "
+            f"(rule {approval.rule or '-'}, may decide: {who_decides(approval)}, "
+            f"expires in {time_left(approval.expires_at)})"
+        )
+        approve, signal, reject = decide_commands(self.workflow_id, approval.approval_id, self.reviewer)
+        print(f"  approve: {approve}")
+        print(f"       or: {signal}")
+        if self.approval_key is not None:
+            print("           (unsigned: refused by workers that require signed decisions)")
+        print(f"   reject: {reject}", flush=True)
+
+    async def _review_queue(self) -> None:
+        while True:
+            approval = await self._queue.get()
+            if not self.interactive:
+                self._print_commands(approval)
+                continue
+            self.busy = True
+            try:
+                await self._review(approval)
+            except EOFError:
+                print("\n(stdin closed: decide with the commands below)")
+                self.interactive = False
+                self._print_commands(approval)
+            except (CliError, RPCError) as err:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            finally:
+                self.busy = False
+
+    async def _review(self, approval: PendingApproval) -> None:
+        _, view = await running_view(self.client, self.workflow_id)
+        if view is None or approval.approval_id not in {p.approval_id for p in view.pending_approvals}:
+            print(f"approval {approval.approval_id} is no longer pending")
+            return
+        args = json.dumps(given(approval.args), indent=2, ensure_ascii=False).replace("\n", "\n    ")
+        print(f"\napproval needed: {approval.approval_id} (step {approval.step})")
+        print(f"  tool: {approval.tool}\n  args:\n    {args}")
+        left = time_left(approval.expires_at)
+        print(f"  rule: {approval.rule or '-'}   may decide: {who_decides(approval)}   expires in: {left}", flush=True)
+        decision: Decision
+        while True:
+            answer = (await _ask("approve? [y/n/c=comment] ")).strip().lower()
+            if answer in ("y", "yes"):
+                decision, note = "approve", ""
+            elif answer in ("c", "comment"):
+                decision, note = "approve", (await _ask("comment: ")).strip()
+            elif answer in ("n", "no"):
+                decision, note = "reject", ""
+                while not note:
+                    note = (await _ask("reason: ")).strip()
+            else:
+                continue
+            break
+        try:
+            line = await send_decision(
+                self.client,
+                self.workflow_id,
+                approval.approval_id,
+                decision,
+                self.reviewer,
+                note,
+                approval,
+                approval_key=self.approval_key,
+            )
+        except CliError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            approve, _, reject = decide_commands(self.workflow_id, approval.approval_id, "<reviewer>")
+            print(f"  to decide it otherwise: {approve}\n                      or: {reject}", flush=True)
+        else:
+            print(line, flush=True)
+
+
+async def _ask(prompt: str) -> str:
+    return await asyncio.get_running_loop().run_in_executor(_PROMPTS, input, prompt)
