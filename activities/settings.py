@@ -20,11 +20,11 @@ Parts::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-import re
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import SecretStr

@@ -17,7 +17,10 @@ from tests.conftest import WorkerFactory
     ("raw", "problem"),
     [
         ({"task": "t", "limts": {"max_steps": 1}}, "invalid run input: limts: Extra inputs are not permitted"),
-        ({"task": "t", "limits": {"max_step": 1}}, "invalid run input: limits.max_step: Extra inputs are not permitted"),
+        (
+            {"task": "t", "limits": {"max_step": 1}},
+            "invalid run input: limits.max_step: Extra inputs are not permitted",
+        ),
         ({"tsk": "t"}, "invalid run input: task: Field required"),
     ],
 )
