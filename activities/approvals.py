@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio import activity
 
-from activities.settings import ConfigurationError, Settings
+from activities.settings import Settings, bad_file
 from workflows.identity import decision_signature
 from workflows.policy import Policy
 from workflows.types import SignatureCheck
@@ -33,12 +32,8 @@ def load_policy(path: str) -> dict[str, Any]:
     try:
         raw = json.loads(Path(path).read_text())
         return Policy.model_validate(raw).model_dump()
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "policy"
-        raise ConfigurationError(f"AGENT_POLICY_FILE={path}: {where}: {first['msg']}") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"AGENT_POLICY_FILE={path}: {exc}") from None
+    except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+        raise bad_file("AGENT_POLICY_FILE", path, exc) from None
 
 
 class ApprovalActivities:

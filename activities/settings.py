@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 DEFAULT_STATE_DIR = Path(".agent")
 DEFAULT_UID_BASE = 2_000_000_000
@@ -332,3 +332,13 @@ def default_model(openai_key: SecretStr | None, anthropic_key: SecretStr | None)
     if anthropic_key is not None:
         return "anthropic:claude-sonnet-4-5"
     return "scripted:demo"
+
+
+def bad_file(variable: str, path: str, exc: Exception) -> ConfigurationError:
+    """One line naming the variable, its file and the first problem (an unreadable file, bad JSON, a bad field)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "file"
+        return ConfigurationError(f"{variable}={path}: {where}: {first['msg']}")
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ConfigurationError(f"{variable}={path}: {detail}")

@@ -13,9 +13,9 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from activities.settings import ConfigurationError
+from activities.settings import bad_file
 
 
 class Price(BaseModel):
@@ -53,12 +53,8 @@ class PriceTable:
                 if not isinstance(raw, dict):
                     raise ValueError("expected a JSON object of model -> {input, output}")
                 table.update({str(name): Price.model_validate(p) for name, p in raw.items()})
-            except ValidationError as exc:
-                first = exc.errors(include_url=False)[0]
-                where = ".".join(str(p) for p in first["loc"]) or "entry"
-                raise ConfigurationError(f"AGENT_PRICES={prices_file}: {where}: {first['msg']}") from None
-            except (OSError, ValueError) as exc:
-                raise ConfigurationError(f"AGENT_PRICES={prices_file}: {exc}") from None
+            except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+                raise bad_file("AGENT_PRICES", prices_file, exc) from None
         return cls(table)
 
     def get(self, model: str) -> Price | None:
