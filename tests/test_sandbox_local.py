@@ -333,3 +333,51 @@ def test_seccomp_programs() -> None:
     with pytest.raises(seccomp.UnsupportedArchitecture):
         seccomp.filter_program("riscv64")
     assert seccomp.host_program() == seccomp.filter_program()
+
+
+def test_workspace_removal_survives_depth_permissions_and_symlinks(tmp_path: Path) -> None:
+    """1,100 nested directories made ``shutil.rmtree`` raise RecursionError and left the workspace behind."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("the host's file")
+    tree = tmp_path / "sandbox"
+    deep = tree / "workspace"
+    deep.mkdir(parents=True)
+    for _ in range(1100):
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / "leaf.txt").write_text("x")
+    locked = tree / "workspace" / "locked"
+    locked.mkdir()
+    (locked / "f").write_text("y")
+    locked.chmod(0o000)
+    (tree / "workspace" / "link").symlink_to(outside, target_is_directory=True)
+
+    local._remove_tree(tree)
+
+    assert not tree.exists()
+    assert (outside / "keep.txt").read_text() == "the host's file", "a symlink was followed"
+
+
+@pytest.mark.asyncio
+async def test_one_sandbox_failing_to_die_does_not_stop_the_reapers_pass(backend: LocalSandboxBackend) -> None:
+    await backend.create("r-a-stuck", metadata={"conversation_id": "conv-done"})
+    await backend.create("r-b-next", metadata={"conversation_id": "conv-done"})
+
+    class StuckFirst:
+        """The real backend, except that removing ``r-a-stuck`` fails the way a deep tree once did."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(backend, name)
+
+        async def kill(self, sandbox_id: str) -> bool:
+            if sandbox_id == "r-a-stuck":
+                raise RecursionError("maximum recursion depth exceeded")
+            return await backend.kill(sandbox_id)
+
+    async def closed(run_id: str) -> bool:
+        return True
+
+    report = await reap(StuckFirst(), closed, min_age_s=0)  # type: ignore[arg-type]
+    assert report.killed == ["r-b-next"] and "RecursionError" in report.errors["r-a-stuck"]
+    assert not (backend.root / "r-b-next").exists()

@@ -27,13 +27,13 @@ access); the rest lives in:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -198,25 +198,69 @@ class LocalSandbox:
         await self._backend.kill(self.sandbox_id)
 
 
-def _remove_tree(path: Path) -> None:
-    def retry(
-        func: Callable[..., object], target: str, info: tuple[type[BaseException], BaseException, object]
-    ) -> None:
-        exc = info[1]
-        if isinstance(exc, FileNotFoundError):
-            return
-        if not isinstance(exc, PermissionError):
-            raise exc
-        # a sandboxed command may have chmod'ed a directory to 000: make it usable again and retry
-        os.chmod(os.path.dirname(target), 0o700)
-        if os.path.isdir(target) and not os.path.islink(target):
-            os.chmod(target, 0o700)
-            shutil.rmtree(target, onerror=retry)
-        else:
-            func(target)
+FLATTEN_DEPTH = 32  # deeper directories are moved up before removal, so no path grows without bound
 
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, onerror=retry)
+
+def _remove_tree(path: Path) -> None:
+    """Delete ``path`` and everything below it, however deep, whatever its permissions.
+
+    Iterative (``shutil.rmtree`` recurses, and a workspace 1,100 directories deep made it
+    raise ``RecursionError``): a stack of directories, each rescanned until empty.
+    Directories nested deeper than ``FLATTEN_DEPTH`` are renamed to the top of the tree
+    first, so paths stay short. A directory a command chmod'ed to 000 is made usable again.
+    Symlinks are removed, never followed.
+    """
+    if not path.is_dir() or path.is_symlink():
+        return
+    root = str(path)
+    moved = 0
+    stack: list[tuple[str, int]] = [(root, 0)]
+    while stack:
+        current, depth = stack[-1]
+        try:
+            with os.scandir(current) as scan:
+                entries = list(scan)
+        except FileNotFoundError:
+            stack.pop()
+            continue
+        except PermissionError:
+            _make_usable(current)
+            with os.scandir(current) as scan:
+                entries = list(scan)
+        subdirectories = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subdirectories.append(entry.path)
+            else:
+                _unlink(entry.path)
+        if not subdirectories:
+            os.rmdir(current)
+            stack.pop()
+            continue
+        for sub in subdirectories:
+            if depth + 1 >= FLATTEN_DEPTH:
+                moved += 1
+                flat = os.path.join(root, f".removing-{moved}")
+                _make_usable(current)
+                os.rename(sub, flat)
+                stack.append((flat, 1))
+            else:
+                stack.append((sub, depth + 1))
+
+
+def _make_usable(directory: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(directory, 0o700)
+
+
+def _unlink(target: str) -> None:
+    try:
+        os.unlink(target)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        _make_usable(os.path.dirname(target))
+        os.unlink(target)
 
 
 class LocalSandboxBackend:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from activities.sandbox.base import SandboxBackend, SandboxError, SandboxRecord, SandboxTransient
+from activities.sandbox.base import SandboxBackend, SandboxRecord
 
 
 @dataclass
@@ -93,8 +93,8 @@ async def reap(
             continue
         try:
             await backend.kill(sid)
-        except (SandboxError, SandboxTransient) as exc:
-            report.errors[sid] = f"kill failed: {exc}"
+        except Exception as exc:  # one sandbox that cannot be removed must never stop the pass
+            report.errors[sid] = f"kill failed: {type(exc).__name__}: {exc}"
             continue
         if sid not in report.killed:
             report.killed.append(sid)
