@@ -72,6 +72,7 @@ class LocalLimits:
     tmpfs_mb: int = 64  # size of the in-memory /tmp and /dev/shm
     nproc: int = 256  # RLIMIT_NPROC: processes + threads of the sandbox at once
     drain_bytes: int = 64 * 1024 * 1024  # output read (and dropped) per stream before the command is killed
+    disk_mb: int = 1024  # AGENT_SANDBOX_DISK_MB: the workspace's quota
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ def _local_limits(reader: _Reader) -> LocalLimits:
         nofile=int(positive("AGENT_SANDBOX_NOFILE", default.nofile)),
         tmpfs_mb=int(positive("AGENT_SANDBOX_TMPFS_MB", default.tmpfs_mb)),
         nproc=int(positive("AGENT_SANDBOX_NPROC", default.nproc)),
+        disk_mb=int(positive("AGENT_SANDBOX_DISK_MB", default.disk_mb)),
     )
 
 
