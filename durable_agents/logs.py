@@ -20,7 +20,8 @@ from typing import Any
 import structlog
 from temporalio import activity, workflow
 
-REDACTED = "[REDACTED]"
+from activities.redaction import redact, redact_cut_tail
+
 # Temporal's logger details → our field names. The workflow logger's ``attempt`` is the workflow's
 # (not an activity's) attempt, so it is left out to keep ``attempt`` unambiguous.
 _WORKFLOW_FIELDS = {
@@ -59,17 +60,18 @@ def temporal_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -
 
 
 class Redactor:
-    """Replace configured secret values in every string of the event (nested ones too)."""
+    """Replace configured secret values in every string of the event (nested ones too).
+
+    A string that ends in the beginning of a long secret (text cut short before it was
+    logged) has that fragment redacted too.
+    """
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
 
     def _clean(self, value: Any) -> Any:
         if isinstance(value, str):
-            for secret in self.secrets:
-                if secret in value:
-                    value = value.replace(secret, REDACTED)
-            return value
+            return redact_cut_tail(redact(value, self.secrets), self.secrets)
         if isinstance(value, dict):
             return {k: self._clean(v) for k, v in value.items()}
         if isinstance(value, list | tuple):

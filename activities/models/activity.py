@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import observability as telemetry
 from activities.heartbeat import heartbeating
-from activities.models.base import FatalProviderError, RetryableProviderError
+from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
 from activities.redaction import redact
 from activities.runtime import Runtime
 from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
@@ -97,7 +97,7 @@ class ModelActivities:
                 span.set_attribute("error.type", "ModelRejected")
                 log.warning("model_rejected", error=redact(exc.message, secrets), status=exc.status)
                 raise ApplicationError(redact(exc.message, secrets), type="ModelRejected", non_retryable=True) from None
-            message = Message(role="assistant", content=reply.text, tool_calls=reply.tool_calls)
+            message = _redacted_reply(reply, secrets)
             usage = Usage(
                 input_tokens=reply.input_tokens,
                 output_tokens=reply.output_tokens,
@@ -141,3 +141,18 @@ class ModelActivities:
             model=req.model,
             message_seq=req.transcript_len,
         )
+
+
+def _redacted_reply(reply: ProviderReply, secrets: list[str]) -> Message:
+    """The reply as a transcript message, with any configured secret the model echoed redacted.
+
+    A model can repeat a key it saw (in an error, a tool result, a prompt injection); the reply goes
+    to the run store and its text and tool calls to history, so nothing of it may carry a secret.
+    """
+    calls = [
+        call.model_copy(
+            update={"name": redact(call.name, secrets), "arguments_json": redact(call.arguments_json, secrets)}
+        )
+        for call in reply.tool_calls
+    ]
+    return Message(role="assistant", content=redact(reply.text, secrets), tool_calls=calls)

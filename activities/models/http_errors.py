@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from activities.models.base import FatalProviderError, ProviderError, RetryableProviderError, parse_retry_after
-from activities.redaction import redact
+from activities.redaction import clip, redact
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 MAX_DETAIL_CHARS = 500
@@ -45,13 +45,17 @@ def retry_after_seconds(headers: httpx.Headers) -> float | None:
     return parse_retry_after(headers.get("retry-after"))
 
 
-def error_message(text: str) -> str:
-    """The provider's own error text from a response body.
+def error_message(text: str, secrets: list[str]) -> str:
+    """The provider's own error text from a response body, redacted and then cut to ``MAX_DETAIL_CHARS``.
 
     ``error.message`` covers OpenAI and Anthropic; ``error`` as a string and a
     top-level ``message`` cover common OpenAI-compatible servers (Ollama, vLLM).
-    Falls back to the first ``MAX_DETAIL_CHARS`` characters of the body.
+    Falls back to the start of the body.
     """
+    return clip(_error_text(text), MAX_DETAIL_CHARS, secrets) or "(empty body)"
+
+
+def _error_text(text: str) -> str:
     try:
         data = json.loads(text)
     except ValueError:
@@ -59,18 +63,18 @@ def error_message(text: str) -> str:
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]:
-            return str(err["message"])[:MAX_DETAIL_CHARS]
+            return str(err["message"])
         if isinstance(err, str) and err:
-            return err[:MAX_DETAIL_CHARS]
+            return err
         if isinstance(data.get("message"), str) and data["message"]:
-            return str(data["message"])[:MAX_DETAIL_CHARS]
-    return text.strip()[:MAX_DETAIL_CHARS] or "(empty body)"
+            return str(data["message"])
+    return text.strip()
 
 
 def status_error(provider: str, response: httpx.Response, secrets: list[str]) -> ProviderError:
     """The error to raise for a non-2xx ``response``."""
     status = response.status_code
-    message = redact(f"{provider} {status}: {error_message(response.text)}", secrets)
+    message = redact(f"{provider} {status}: {error_message(response.text, secrets)}", secrets)
     if is_retryable_status(status):
         return RetryableProviderError(message, status=status, retry_after_s=retry_after_seconds(response.headers))
     return FatalProviderError(message, status=status)
@@ -83,7 +87,7 @@ def malformed(provider: str, detail: str, secrets: list[str]) -> RetryableProvid
     replace bodies; the activity's retry limit bounds a server that is
     deterministically wrong.
     """
-    message = redact(f"malformed response from provider: {provider}: {detail[:MAX_DETAIL_CHARS]}", secrets)
+    message = f"malformed response from provider: {provider}: {clip(detail, MAX_DETAIL_CHARS, secrets)}"
     return RetryableProviderError(message, status=200)
 
 
@@ -111,7 +115,7 @@ async def post_json(
     try:
         data = response.json()
     except ValueError:
-        raise malformed(provider, f"body is not JSON: {response.text[:200]!r}", secrets) from None
+        raise malformed(provider, f"body is not JSON: {clip(response.text, 200, secrets)!r}", secrets) from None
     if not isinstance(data, dict):
         raise malformed(provider, f"expected a JSON object, got {type(data).__name__}", secrets)
     return data
@@ -128,5 +132,5 @@ def missing(provider: str, data: dict[str, Any], what: str, secrets: list[str]) 
     """``malformed`` for a JSON object lacking ``what``; names an embedded error if the server sent one."""
     err = data.get("error")
     if err:
-        return malformed(provider, f"no {what}; error: {error_message(json.dumps(data))}", secrets)
-    return malformed(provider, f"no {what} in {json.dumps(data)[:200]}", secrets)
+        return malformed(provider, f"no {what}; error: {error_message(json.dumps(data), secrets)}", secrets)
+    return malformed(provider, f"no {what} in {clip(json.dumps(data), 200, secrets)}", secrets)

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import observability as telemetry
 from activities.heartbeat import heartbeating
+from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.sandbox.base import META_RUN, META_TENANT, SandboxError
 from activities.tools.recovery import execute_once
@@ -109,6 +110,12 @@ def _tool_span_attributes(spec: ToolSpec, inv: ToolInvocation) -> dict[str, Any]
 
 
 async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
+    """Run the tool, its text redacted of every configured secret before it is stored or returned."""
+    text, is_error = await _execute_raw(spec, runtime, inv)
+    return redact(text, runtime.settings.secret_values()), is_error
+
+
+async def _execute_raw(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
     """Run the tool; failures the model can act on become error text, others propagate (retry)."""
     try:
         args = spec.args_model.model_validate(inv.arguments)
