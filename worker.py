@@ -57,6 +57,7 @@ async def _serve(settings: Settings) -> int:
     telemetry.configure_tracing("durable-agents-worker", settings.observability)
     try:
         plugin = DurableAgentsPlugin(settings)
+        await plugin.runtime.check()
     except ConfigurationError as exc:
         log.error("bad_configuration", error=str(exc))
         return 2

@@ -9,6 +9,7 @@ the operator's policy file.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,15 @@ from activities.approvals import load_policy
 from activities.models.base import FatalProviderError
 from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
-from activities.sandbox.base import SandboxBackend
+from activities.sandbox.base import SandboxBackend, SandboxUnavailable
+from activities.sandbox.bwrap import require_bwrap
 from activities.sandbox.factory import backend_for
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
+from activities.store.factory import display_url
 from activities.tools.registry import ToolRegistry
+
+STARTUP_CHECK_WORKFLOW = "__durable_agents_startup_check__"  # a read that touches the store, never a run
 
 
 @dataclass
@@ -75,6 +80,29 @@ class Runtime:
         if self._sandbox_backend is None:
             self._sandbox_backend = backend_for(self.settings)
         return self._sandbox_backend
+
+    async def check(self, *, timeout_s: float = 15.0) -> None:
+        """Prove, before any run depends on them, that the run store opens and the sandbox can isolate.
+
+        :class:`ConfigurationError` naming ``AGENT_STORE_URL`` or ``AGENT_SANDBOX`` otherwise, so a worker
+        exits at start instead of failing every run later (and blaming the model).
+        """
+        url = display_url(self.settings.store_url)
+        try:
+            await asyncio.wait_for(self.store.ledger(STARTUP_CHECK_WORKFLOW), timeout_s)
+        except TimeoutError:
+            raise ConfigurationError(
+                f"AGENT_STORE_URL={url}: the run store did not answer within {timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+            raise ConfigurationError(f"AGENT_STORE_URL={url}: the run store cannot be opened: {detail}") from None
+        try:
+            backend = self.sandbox_backend()
+            if backend.name == "local":
+                await asyncio.to_thread(require_bwrap, self.settings.sandbox.local.uid_base)
+        except SandboxUnavailable as exc:
+            raise ConfigurationError(f"AGENT_SANDBOX={self.settings.sandbox.backend}: {exc}") from None
 
     async def aclose(self) -> None:
         """Close provider connections and the store; a later use opens them again."""

@@ -109,6 +109,7 @@ class DurableAgentsPlugin(SimplePlugin):
         self._reaper = reaper and self.settings.sandbox.reap_interval_s > 0
         self._search_attributes = search_attributes
         self._running_workers = 0
+        self._checked = False
         super().__init__(
             PLUGIN_NAME,
             data_converter=with_pydantic,
@@ -117,8 +118,12 @@ class DurableAgentsPlugin(SimplePlugin):
         )
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        """Around each worker: search attributes once, the reaper while it runs, the runtime closed after."""
+        """Around each worker: the runtime checked and search attributes registered once, the reaper while it
+        runs, the runtime closed after. A failed check raises ``ConfigurationError`` from ``Worker.run``."""
         client = worker.client
+        if not self._checked:  # a store or sandbox that cannot work stops the worker before it polls
+            await self.runtime.check()
+            self._checked = True
         if self._search_attributes and not self.runtime.search_attributes_ready:
             self.runtime.search_attributes_ready = await ensure_search_attributes(client)
         reaper = (

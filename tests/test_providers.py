@@ -432,3 +432,20 @@ async def test_fake_server_default_callable_and_routes() -> None:
     assert (first.text, second.text) == ("queued", "echo m2")
     assert [b["model"] for b in seen] == ["m2"]
     assert [r["path"] for r in server.requests] == ["/nope", "/v1/chat/completions", "/v1/chat/completions"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("kind", "variable"), [("openai", "OPENAI_API_KEY"), ("anthropic", "ANTHROPIC_API_KEY")])
+async def test_the_official_endpoint_without_a_key_fails_at_once(kind: str, variable: str) -> None:
+    """No request is sent (offline it would be retried for half a minute): the missing variable is named."""
+    official = "https://api.openai.com/v1" if kind == "openai" else "https://api.anthropic.com"
+    exc = await fails(make(kind, key=None, url=official))
+    assert isinstance(exc, FatalProviderError) and exc.message.startswith(f"{variable} is not set")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_keyless_server_of_ones_own_still_works(server: FakeLLMServer, kind: str) -> None:
+    server.enqueue(Scripted(text="no key needed"))
+    reply = await make(kind, server, key=None).complete("m", USER, [])
+    assert reply.text == "no key needed"

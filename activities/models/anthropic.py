@@ -49,6 +49,7 @@ class AnthropicProvider(HttpProvider):
 
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One Messages API call; ``model`` is Anthropic's model name (no ``anthropic:`` prefix)."""
+        self.require_key(DEFAULT_BASE_URL, "ANTHROPIC_API_KEY")
         secrets = self._secrets()
         headers = {"anthropic-version": API_VERSION}
         if secrets:

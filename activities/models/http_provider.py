@@ -7,6 +7,8 @@ from typing import Self
 import httpx
 from pydantic import SecretStr
 
+from activities.models.base import FatalProviderError
+
 
 class HttpProvider:
     """Base of the HTTP model providers: owns the client; ``secrets()`` feeds error redaction."""
@@ -31,6 +33,18 @@ class HttpProvider:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def require_key(self, official_base_url: str, variable: str) -> None:
+        """Refuse at once, naming ``variable``, to call the provider's own cloud without a key.
+
+        Keyless use stays possible against any other base URL (a local OpenAI-compatible
+        server, a gateway that adds the key): only the official endpoint always needs one.
+        """
+        if self._api_key is None and self.base_url.rstrip("/") == official_base_url.rstrip("/"):
+            raise FatalProviderError(
+                f"{variable} is not set: {self.base_url} needs an API key "
+                "(or point the base URL at a server that needs none)"
+            )
 
     def _secrets(self) -> list[str]:
         key = self._api_key.get_secret_value() if self._api_key is not None else ""

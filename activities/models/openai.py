@@ -43,6 +43,7 @@ class OpenAIProvider(HttpProvider):
 
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix)."""
+        self.require_key(DEFAULT_BASE_URL, "OPENAI_API_KEY")
         secrets = self._secrets()
         headers = {"Authorization": f"Bearer {secrets[0]}"} if secrets else {}
         body: dict[str, Any] = {"model": model, "messages": [render_message(m) for m in messages]}
