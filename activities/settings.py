@@ -49,6 +49,7 @@ class TemporalSettings:
     profile: str = ""  # TEMPORAL_PROFILE: a profile of temporal.toml (TLS, API keys)
     task_queue: str = "agents"
     ui_url: str = "http://localhost:8233"
+    http_port: int | None = None  # TEMPORAL_HTTP_PORT: the frontend's HTTP API port (Temporal's default: port + 10)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class Settings:
                 profile=reader.text("TEMPORAL_PROFILE"),
                 task_queue=reader.text("AGENT_TASK_QUEUE") or "agents",
                 ui_url=(reader.text("TEMPORAL_UI_URL") or "http://localhost:8233").rstrip("/"),
+                http_port=reader.integer("TEMPORAL_HTTP_PORT", 0, low=1, high=65535) or None,
             ),
             model=reader.text("AGENT_MODEL") or default_model(openai_key, anthropic_key),
             openai=ProviderEndpoint(
