@@ -17,7 +17,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.agent import AgentWorkflow
+from workflows.agent import AgentWorkflow, RunInput
+from workflows.inputs import NO_PAYLOAD, one_payload
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -45,8 +46,9 @@ class AgentWorkflowWithAnUnguardedTimer(AgentWorkflow):
     """Today's loop plus one timer before each model turn, added without ``workflow.patched``."""
 
     @workflow.run
-    async def run(self, raw: AgentInput | dict[str, Any]) -> AgentResult:
-        return await super().run(raw)
+    @one_payload
+    async def run(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> AgentResult:
+        return await super().run(raw, *extra)
 
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
         await workflow.sleep(1)

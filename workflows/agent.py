@@ -9,23 +9,26 @@ tool calls and previews only, so it grows linearly with the number of steps.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.approvals import ApprovalBook, Outcome, Verdict
+    from workflows.approvals import ApprovalBook, Outcome, Problem, Verdict
+    from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, quote, safe
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
-    from workflows.progress import SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
+    from workflows.progress import PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.tool_calls import ToolCallRunner
     from workflows.types import (
+        MAX_APPROVAL_TIMEOUT_S,
         AgentInput,
         AgentResult,
         ApproveSignal,
@@ -49,6 +52,25 @@ with workflow.unsafe.imports_passed_through():
         Usage,
     )
 
+# What arrives from outside (the run input, signals, the update) is handed over raw and decoded by
+# ``workflows.inputs.decode``: a payload the SDK failed to decode would fail every workflow task
+# (run input) or be dropped with a traceback (signal) before any workflow code could refuse it.
+# Callers still see the contract's models.
+if TYPE_CHECKING:
+    RunInput = AgentInput | dict[str, Any] | RawValue
+    ApproveInput = ApproveSignal | RawValue
+    RejectInput = RejectSignal | RawValue
+    ResolveInput = ResolveSignal | RawValue
+    DecideInput = DecideRequest | RawValue
+else:
+    RunInput = ApproveInput = RejectInput = ResolveInput = DecideInput = RawValue
+
+# Refusals are all counted and the last 20 listed in the status view; the progress stream gets
+# the first REFUSAL_EVENTS of them, then one summary every REFUSAL_EVENT_EVERY, so that a flood
+# of junk signals cannot push a run's own events out of the stream.
+REFUSAL_EVENTS = 20
+REFUSAL_EVENT_EVERY = 100
+
 MODEL_TIMEOUT = timedelta(seconds=180)
 MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
 MODEL_RETRY = RetryPolicy(
@@ -71,10 +93,16 @@ DEFAULT_SYSTEM_PROMPT = (
 @workflow.defn(name="AgentWorkflow")
 class AgentWorkflow:
     @workflow.init
-    def __init__(self, raw: AgentInput | dict[str, Any]) -> None:
-        carry = raw.carry if isinstance(raw, AgentInput) else None
-        self._reporter = Reporter(carry.stream if carry else None)
-        self._tenant = raw.tenant if isinstance(raw, AgentInput) else ""
+    @one_payload
+    def __init__(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> None:
+        # Decoded once, here, because the stream must be rebuilt here; ``run`` fails the run when
+        # the input is invalid, on its first workflow task.
+        decoded = decode(raw, AgentInput, extra)
+        self._input = decoded if isinstance(decoded, AgentInput) else None
+        self._input_problem = decoded if isinstance(decoded, str) else ""
+        carry = self._input.carry if self._input else None
+        self._reporter = Reporter(carry.stream if carry else None, refuse_publish=self._refuse_publish)
+        self._tenant = self._input.tenant if self._input else ""
         self._search_attributes = False
         self._state: RunState = "running"
         self._step = 0
@@ -100,63 +128,118 @@ class AgentWorkflow:
             output=self._output,
             last_event=self._last_event,
             refused=self._book.refused,
+            refused_total=self._book.refused_total,
+            refused_counts=dict(self._book.refused_counts),
         )
 
-    # --- approvals: two signals and one update, one semantics ------------------------
+    # --- approvals: three signals and one update, one semantics ------------------------
+    # Anyone who can signal the run can send anything: each handler takes the raw payload,
+    # refuses what does not decode (one log line, counted in the status view) and bounds what
+    # it keeps.
 
     @workflow.signal(name="approve")
-    async def approve(self, decision: ApproveSignal) -> None:
+    @one_payload
+    async def approve(self, raw: ApproveInput = NO_PAYLOAD, *extra: Any) -> None:
+        decision = decode(raw, ApproveSignal, extra)
+        if isinstance(decision, str):
+            self._refuse("malformed", f"refused approve signal: {decision}")
+            return
         await self._decide(DecideRequest(decision="approve", **decision.model_dump()), source="signal")
 
     @workflow.signal(name="reject")
-    async def reject(self, decision: RejectSignal) -> None:
+    @one_payload
+    async def reject(self, raw: RejectInput = NO_PAYLOAD, *extra: Any) -> None:
+        decision = decode(raw, RejectSignal, extra)
+        if isinstance(decision, str):
+            self._refuse("malformed", f"refused reject signal: {decision}")
+            return
         fields = decision.model_dump()
         fields["comment"] = fields.pop("reason")
         await self._decide(DecideRequest(decision="reject", **fields), source="signal")
 
     @workflow.signal(name="resolve")
-    async def resolve(self, decision: ResolveSignal) -> None:
+    @one_payload
+    async def resolve(self, raw: ResolveInput = NO_PAYLOAD, *extra: Any) -> None:
+        decision = decode(raw, ResolveSignal, extra)
+        if isinstance(decision, str):
+            self._refuse("malformed", f"refused resolve signal: {decision}")
+            return
         fields = decision.model_dump()
         await self._decide(DecideRequest(decision=fields.pop("resolution"), **fields), source="signal")
 
+    @workflow.signal(dynamic=True)
+    def _unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        # Without this, the SDK would keep every signal of an unknown name in memory for good.
+        if name == PUBLISH_SIGNAL:  # sent before the stream's handler was registered
+            self._refuse_publish()
+            return
+        self._refuse("unknown_signal", f"refused signal {quote(name)}: this run has only approve, reject and resolve")
+
+    @one_payload
+    def _refuse_publish(self, raw: RawValue = NO_PAYLOAD, *extra: Any) -> None:
+        self._refuse("stream_publish", "refused a progress stream publish from outside the run")
+
     @workflow.update(name="decide")
-    async def decide_update(self, request: DecideRequest) -> DecideResult:
+    @one_payload
+    async def decide_update(self, raw: DecideInput = NO_PAYLOAD, *extra: Any) -> DecideResult:
+        request = decode(raw, DecideRequest, extra)
+        if isinstance(request, str):  # the validator refuses these; it is skipped only on replay
+            raise ApplicationError(f"malformed decide request: {request}", type="DecisionRefused", non_retryable=True)
         return await self._decide(request, source="update")
 
     @decide_update.validator
-    def _validate_decide(self, request: DecideRequest) -> None:
-        # Refused updates never reach history; the caller gets the reason at once.
+    @one_payload
+    def _validate_decide(self, raw: DecideInput = NO_PAYLOAD, *extra: Any) -> None:
+        # Refused updates never reach history (so they cannot be counted); the caller gets the reason at once.
+        request = decode(raw, DecideRequest, extra)
+        if isinstance(request, str):
+            workflow.logger.warning("refused decide update: %s", request)
+            raise ValueError(f"malformed decide request: {request}")
         problem = self._book.problem(
             request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
         )
-        if problem:
-            workflow.logger.warning("refused %s by %r via update: %s", request.decision, request.reviewer, problem)
-            raise ValueError(problem)
+        if problem is not None:
+            workflow.logger.warning(
+                "refused %s by %s via update: %s", request.decision, quote(request.reviewer), problem.text
+            )
+            raise ValueError(problem.text)
 
     async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
         aid = request.approval_id
         problem = self._book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
-        if not problem and self._book.signing_required:
+        if problem is None and self._book.signing_required:
             problem = await self._signature_problem(request)
             # The book may have changed while the signature was checked.
             problem = problem or self._book.problem(
                 aid, request.decision, request.reviewer, request.signature, workflow.now()
             )
-        if problem:
-            message = f"refused {request.decision} by {request.reviewer!r} via {source}: {problem}"
-            workflow.logger.warning(message)
-            self._book.refuse(message)
-            self._emit("decision_refused", message, approval_id=aid)
+        if problem is not None:
+            self._refuse(
+                problem.kind,
+                f"refused {request.decision} by {quote(request.reviewer)} via {source}: {problem.text}",
+                approval_id=aid,
+            )
             if source == "update":
-                raise ApplicationError(problem, type="DecisionRefused", non_retryable=True)
-            return DecideResult(accepted=False, message=problem)
+                raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
+            return DecideResult(accepted=False, message=problem.text)
         outcome: Outcome = _OUTCOMES[request.decision]
         self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
         workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
         self._emit("approval_decided", f"{aid} {outcome} by {request.reviewer}", approval_id=aid, outcome=outcome)
         return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
 
-    async def _signature_problem(self, request: DecideRequest) -> str:
+    def _refuse(self, kind: str, message: str, approval_id: str = "") -> None:
+        """Log one line, list and count the refusal, and tell the progress stream (throttled)."""
+        workflow.logger.warning(message)
+        self._book.refuse(kind, message)
+        total = self._book.refused_total
+        data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
+        if total <= REFUSAL_EVENTS:
+            self._emit("decision_refused", message, **data)
+        elif total % REFUSAL_EVENT_EVERY == 0:
+            self._emit("decision_refused", f"{total} signals and decisions refused so far; latest: {message}", **data)
+
+    async def _signature_problem(self, request: DecideRequest) -> Problem | None:
         approval = self._book.pending[request.approval_id]
         check = SignatureCheck(
             approval_id=request.approval_id,
@@ -172,16 +255,20 @@ class AgentWorkflow:
             start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
             retry_policy=HOUSEKEEPING_RETRY,
         )
-        return "" if valid else "the decision's signature does not verify"
+        return None if valid else Problem("bad_signature", "the decision's signature does not verify")
 
     # --- the loop --------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, raw: AgentInput | dict[str, Any]) -> AgentResult:
-        """Run the agent. ``raw`` decodes as ``AgentInput``; anything else (a malformed start from the
-        Temporal CLI) arrives as a dict so the run fails with a readable error instead of retrying a
-        workflow task forever."""
-        inp = _validated(raw)
+    @one_payload
+    async def run(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> AgentResult:
+        """Run the agent. ``raw`` (decoded in ``__init__``) must be an ``AgentInput``; anything else
+        fails the run on its first workflow task with ``invalid run input: ...``, never a workflow
+        task retried forever."""
+        if self._input is None:
+            raise _invalid_input(self._input_problem)
+        inp = self._input
+        self._run_policy = _checked_policy(inp.policy, "policy")  # before any command: fail on the first task
         # Decide the patch in the first activation, before any await: decided later, a query or
         # stream poll arriving first can split the marker from its command across workflow tasks.
         workflow.patched(SEARCH_ATTRIBUTES_PATCH)
@@ -191,13 +278,7 @@ class AgentWorkflow:
         if inp.carry is None:
             self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}")
         self._book = ApprovalBook(approvers=inp.approvers, signing_required=carry.signing_required)
-        self._operator_policy = Policy.model_validate(carry.policy)
-        try:
-            self._run_policy = parse_run_policy(inp.policy)
-        except ValueError as exc:
-            raise ApplicationError(
-                f"invalid run input: policy: {exc}", type="InvalidInput", non_retryable=True
-            ) from None
+        self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
         self._tools = ToolCallRunner(self._book, self._emit, self._operator_policy, self._run_policy)
         try:
             return await self._loop(inp, carry)
@@ -253,9 +334,7 @@ class AgentWorkflow:
                 ),
             )
         except ActivityError as err:
-            raise ApplicationError(
-                f"invalid run input: {cause_text(err)}", type="InvalidInput", non_retryable=True
-            ) from None
+            raise _invalid_input(safe(cause_text(err), MESSAGE_MAX)) from None
         opening = [
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
@@ -395,16 +474,22 @@ class AgentWorkflow:
         return AgentResult(status=status, output=output, usage=self._usage, steps=self._step)
 
 
-def _validated(raw: AgentInput | dict[str, Any]) -> AgentInput:
-    if isinstance(raw, AgentInput):
-        return raw
+def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:
+    """A policy from the run's input, or the run fails: its approval timeouts become timers."""
     try:
-        return AgentInput.model_validate(raw)
+        policy = parse_run_policy(raw)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors(include_url=False)
-        )
-        raise ApplicationError(f"invalid run input: {problems}", type="InvalidInput", non_retryable=True) from None
+        raise _invalid_input(f"{where}: {problems(err)}") from None
+    if policy is None:
+        return None
+    longest = max([policy.approval_timeout_s, *(rule.approval_timeout_s or 0 for rule in policy.rules)])
+    if longest > MAX_APPROVAL_TIMEOUT_S:
+        raise _invalid_input(f"{where}: approval_timeout_s must be at most {MAX_APPROVAL_TIMEOUT_S} (365 days)")
+    return policy
+
+
+def _invalid_input(problem: str) -> ApplicationError:
+    return ApplicationError(f"invalid run input: {problem}", type="InvalidInput", non_retryable=True)
 
 
 _OUTCOMES: dict[str, Outcome] = {

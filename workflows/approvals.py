@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
+from workflows.inputs import quote
 from workflows.types import PendingApproval
 
 Outcome = Literal["approved", "rejected", "expired", "retry", "mark_done", "fail"]
@@ -19,6 +20,16 @@ DECISIONS = {
     "tool_call": ("approve", "reject"),
     "resolve_unknown_outcome": ("retry", "mark_done", "fail"),
 }
+
+
+REFUSED_KEPT = 20  # refusal messages the status view lists; all of them are counted
+
+
+class Problem(NamedTuple):
+    """Why a decision is refused: a reason kind (counted in the status view) and its text."""
+
+    kind: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -36,34 +47,48 @@ class ApprovalBook:
         self.expires: dict[str, datetime] = {}
         self.decided: dict[str, Verdict] = {}
         self.refused: list[str] = []
+        self.refused_counts: dict[str, int] = {}
 
     def open(self, approval: PendingApproval, expires_at: datetime) -> None:
         self.pending[approval.approval_id] = approval
         self.expires[approval.approval_id] = expires_at
 
-    def problem(self, approval_id: str, decision: str, reviewer: str, signature: str, now: datetime) -> str:
-        """Why a decision must be refused, or ``""`` when it may be recorded (signature aside)."""
+    def problem(self, approval_id: str, decision: str, reviewer: str, signature: str, now: datetime) -> Problem | None:
+        """Why a decision must be refused, or None when it may be recorded (signature aside)."""
         if approval_id in self.decided:
-            return f"approval {approval_id} was already decided ({self.decided[approval_id].outcome})"
+            return Problem(
+                "already_decided", f"approval {approval_id} was already decided ({self.decided[approval_id].outcome})"
+            )
         if approval_id not in self.pending:
-            return f"no pending approval {approval_id}"
+            shown = approval_id if approval_id.isprintable() else quote(approval_id)
+            return Problem("unknown_approval", f"no pending approval {shown}")
         if now >= self.expires[approval_id]:
-            return f"approval {approval_id} expired at {self.pending[approval_id].expires_at}"
+            return Problem("expired", f"approval {approval_id} expired at {self.pending[approval_id].expires_at}")
         allowed = DECISIONS.get(self.pending[approval_id].kind, ())
         if decision not in allowed:
-            return (
-                f"{decision!r} does not answer a {self.pending[approval_id].kind} approval (use {' / '.join(allowed)})"
+            return Problem(
+                "wrong_decision",
+                f"{decision!r} does not answer a {self.pending[approval_id].kind} approval (use {' / '.join(allowed)})",
             )
         if not reviewer.strip():
-            return "a reviewer name is required"
+            return Problem("no_reviewer", "a reviewer name is required")
         if self.approvers and reviewer not in self.approvers:
-            return f"reviewer {reviewer!r} is not an approver of this run"
+            return Problem("not_an_approver", f"reviewer {quote(reviewer)} is not an approver of this run")
         if self.signing_required and not signature:
-            return "this worker requires signed decisions (AGENT_APPROVAL_KEY); the decision carried no signature"
-        return ""
+            return Problem(
+                "unsigned",
+                "this worker requires signed decisions (AGENT_APPROVAL_KEY); the decision carried no signature",
+            )
+        return None
 
-    def refuse(self, message: str) -> None:
-        self.refused = [*self.refused[-19:], message]
+    def refuse(self, kind: str, message: str) -> None:
+        """Keep the last ``REFUSED_KEPT`` messages (bounded by their makers) and count every refusal."""
+        self.refused = [*self.refused[-(REFUSED_KEPT - 1) :], message]
+        self.refused_counts[kind] = self.refused_counts.get(kind, 0) + 1
+
+    @property
+    def refused_total(self) -> int:
+        return sum(self.refused_counts.values())
 
     def record(self, approval_id: str, verdict: Verdict) -> None:
         self.pending.pop(approval_id, None)

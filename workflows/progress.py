@@ -9,6 +9,7 @@ written when the worker found them registered, and only when a value changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -31,6 +32,12 @@ EventKind = Literal[
 ]
 TOPIC = "progress"
 STREAM_RETAIN = 500  # events kept (and carried across continue-as-new) for late subscribers
+EVENT_TEXT_MAX = 500  # characters of an event's text; with STREAM_RETAIN this bounds the carried stream
+EVENT_VALUE_MAX = 200  # characters of a string in an event's data, items of a list in it
+# The stream's signal for publishers outside the workflow (temporalio.contrib.workflow_streams).
+# Nothing outside a run publishes to its progress stream, so the run refuses them: anyone who
+# can signal could otherwise grow the stream, and with it the continue-as-new input, at will.
+PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 
 STATE = SearchAttributeKey.for_keyword("AgentState")
 PENDING_APPROVALS = SearchAttributeKey.for_int("AgentPendingApprovals")
@@ -59,15 +66,24 @@ class ProgressEvent(BaseModel):
 class Reporter:
     """Publishes events and keeps search attributes current. Construct from the workflow's ``__init__``."""
 
-    def __init__(self, prior: WorkflowStreamState | None) -> None:
+    def __init__(self, prior: WorkflowStreamState | None, refuse_publish: Callable[..., None] | None = None) -> None:
         # WorkflowStream checks that it is built from an ``__init__``; this one is called from the workflow's.
         self.stream = WorkflowStream(prior_state=prior)
+        if refuse_publish is not None:
+            workflow.set_signal_handler(PUBLISH_SIGNAL, refuse_publish)
         self._topic = self.stream.topic(TOPIC, type=ProgressEvent)
         self._published: tuple[Any, ...] | None = None
         self._offset = prior.base_offset + len(prior.log) if prior is not None else 0
 
     def publish(self, kind: EventKind, step: int, text: str, tool: str = "", **data: Any) -> None:
-        event = ProgressEvent(kind=kind, step=step, text=text, at=workflow.now().isoformat(), tool=tool, data=data)
+        event = ProgressEvent(
+            kind=kind,
+            step=step,
+            text=_cut(text, EVENT_TEXT_MAX),
+            at=workflow.now().isoformat(),
+            tool=_cut(tool, EVENT_VALUE_MAX),
+            data={key: _bounded(value) for key, value in data.items()},
+        )
         self._topic.publish(event)
         self._offset += 1
 
@@ -103,3 +119,18 @@ class Reporter:
         if tenant:
             updates.append(TENANT.value_set(tenant))
         workflow.upsert_search_attributes(updates)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _bounded(value: Any) -> Any:
+    """An event's data value with its strings and lists cut to size (events are kept and carried)."""
+    if isinstance(value, str):
+        return _cut(value, EVENT_VALUE_MAX)
+    if isinstance(value, list | tuple):
+        return [_bounded(v) for v in value[:EVENT_VALUE_MAX]]
+    if isinstance(value, dict):
+        return {_cut(str(k), EVENT_VALUE_MAX): _bounded(v) for k, v in list(value.items())[:EVENT_VALUE_MAX]}
+    return value

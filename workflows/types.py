@@ -7,10 +7,33 @@ always get defaults so that recorded histories keep decoding.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import base64
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
+
+# Bounds of what a run accepts from outside. Every number and string a caller sends is bounded, so
+# that no input can overflow a timer or a datetime in workflow code, or grow the run's state
+# (history, status query, continue-as-new input) past Temporal's payload limits.
+MAX_STEPS = 10_000
+MAX_TOKENS = 10**9
+MAX_COST_USD = 1e6
+MAX_TIMEOUT_S = 30 * 24 * 3600  # 30 days of working time (time waiting for a human does not count)
+MAX_TASK_CHARS = 1_000_000
+MAX_SYSTEM_PROMPT_CHARS = 100_000
+MAX_NAME_CHARS = 200  # model, tool, tenant, approver and reviewer names
+MAX_TOOLS = 200
+MAX_APPROVERS = 100
+MAX_APPROVAL_ID_CHARS = 64
+MAX_NOTE_CHARS = 4000  # a decision's comment or reason
+MAX_SIGNATURE_CHARS = 256
+MAX_APPROVAL_TIMEOUT_S = 365 * 24 * 3600  # of any policy rule (a run's own policy or the operator's)
+MAX_CARRIED_EVENTS = 2_000  # progress events a continued run may be handed (it keeps STREAM_RETAIN)
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 RunState = Literal["running", "waiting_approval", "completed", "failed", "cancelled", "limit_exceeded"]
 ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
@@ -21,10 +44,10 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a misspelled limit must not run with the default
 
-    max_steps: int = Field(default=20, ge=1)
-    max_tokens: int = Field(default=200_000, ge=1)
-    max_cost_usd: float = Field(default=5.0, ge=0)
-    timeout_s: int = Field(default=3600, ge=1)
+    max_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
+    max_tokens: int = Field(default=200_000, ge=1, le=MAX_TOKENS)
+    max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
+    timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)
 
 
 class Usage(BaseModel):
@@ -83,21 +106,64 @@ class Carry(BaseModel):
     stream: WorkflowStreamState | None = None  # progress events carried to the next run
     continued: int = 0
 
+    # A carry is made by continue-as-new, but anyone who can start a run can send one: its
+    # numbers feed timers and deadlines, so they are bounded like the rest of the input.
+    @model_validator(mode="after")
+    def _bounded(self) -> Carry:
+        for name, value, top in (
+            ("step", self.step, 10**6),
+            ("transcript_len", self.transcript_len, 10**8),
+            ("continued", self.continued, 10**6),
+            ("started_at", self.started_at, 1e11),  # epoch seconds: year 5138
+            ("waited_s", self.waited_s, 1e10),
+            ("usage.input_tokens", self.usage.input_tokens, 10**15),
+            ("usage.output_tokens", self.usage.output_tokens, 10**15),
+            ("usage.cost_usd", self.usage.cost_usd, 1e12),
+        ):
+            if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= top:
+                raise ValueError(f"{name} must be between 0 and {top:g}")
+        return self
+
+    @field_validator("stream")
+    @classmethod
+    def _stream_decodes(cls, stream: WorkflowStreamState | None) -> WorkflowStreamState | None:
+        # The stream is rebuilt in the workflow's __init__: an item that does not decode there
+        # would fail every workflow task instead of the run.
+        if stream is None:
+            return None
+        if len(stream.log) > MAX_CARRIED_EVENTS or len(stream.publishers) > MAX_CARRIED_EVENTS:
+            raise ValueError(f"at most {MAX_CARRIED_EVENTS} events and publishers are carried")
+        if stream.base_offset < 0:
+            raise ValueError("base_offset must not be negative")
+        for index, item in enumerate(stream.log):
+            try:
+                Payload().ParseFromString(base64.b64decode(item.data, validate=True))
+            except Exception as exc:  # binascii.Error, or protobuf's DecodeError (not importable here)
+                raise ValueError(f"log item {index} is not an encoded payload ({type(exc).__name__})") from None
+        return stream
+
 
 class AgentInput(BaseModel):
     """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name."""
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(min_length=1)
-    model: str = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
-    tools: list[str] | None = None  # None: every registered tool
+    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
+    model: Name = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
+    tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)  # None: every registered tool
     limits: Limits = Field(default_factory=Limits)
-    policy: dict[str, Any] = Field(default_factory=dict)
-    approvers: list[str] = Field(default_factory=list)
-    tenant: str = ""
-    system_prompt: str = ""
+    policy: dict[str, Any] = Field(default_factory=dict)  # checked by workflows.policy.parse_run_policy
+    approvers: list[Name] = Field(default_factory=list, max_length=MAX_APPROVERS)
+    tenant: Name = ""
+    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)
     carry: Carry | None = None  # set only by continue-as-new
+
+    @field_validator("task")
+    @classmethod
+    def _task_has_text(cls, task: str) -> str:
+        if not task.strip():
+            raise ValueError("must not be empty or whitespace only")
+        return task
 
 
 class AgentResult(BaseModel):
@@ -123,19 +189,19 @@ class PendingApproval(BaseModel):
 class ApproveSignal(BaseModel):
     """Payload of the ``approve`` signal (public contract)."""
 
-    approval_id: str
-    reviewer: str
-    comment: str = ""
-    signature: str = ""
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
+    reviewer: Name
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
 
 
 class RejectSignal(BaseModel):
     """Payload of the ``reject`` signal (public contract)."""
 
-    approval_id: str
-    reviewer: str
-    reason: str = ""
-    signature: str = ""
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
+    reviewer: Name
+    reason: str = Field(default="", max_length=MAX_NOTE_CHARS)
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
 
 
 DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
@@ -144,11 +210,11 @@ DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
 class ResolveSignal(BaseModel):
     """Payload of the ``resolve`` signal: a human's answer to an unknown outcome."""
 
-    approval_id: str
-    reviewer: str
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
+    reviewer: Name
     resolution: Literal["retry", "mark_done", "fail"]
-    comment: str = ""
-    signature: str = ""
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
 
 
 class DecideRequest(BaseModel):
@@ -158,11 +224,11 @@ class DecideRequest(BaseModel):
     answer an unknown outcome (kind ``resolve_unknown_outcome``).
     """
 
-    approval_id: str
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
     decision: DecisionKind
-    reviewer: str
-    comment: str = ""
-    signature: str = ""
+    reviewer: Name
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
 
 
 class DecideResult(BaseModel):
@@ -186,7 +252,12 @@ class StatusView(BaseModel):
     model: str = ""
     output: str = ""
     last_event: str = ""
-    refused: list[str] = Field(default_factory=list)  # recent refused decisions, newest last
+    refused: list[str] = Field(default_factory=list)  # recent refused decisions, newest last (at most 20)
+    # Every refused signal and decision, malformed ones included, by reason (``malformed``,
+    # ``unknown_approval``, ``not_an_approver``, ``bad_signature``, ...). Updates refused by the
+    # validator never reach the run (their caller got the reason) and are not counted.
+    refused_total: int = 0
+    refused_counts: dict[str, int] = Field(default_factory=dict)
 
 
 # --- transcript -----------------------------------------------------------------
