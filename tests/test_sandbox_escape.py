@@ -39,9 +39,13 @@ def require_bwrap() -> None:
 
 
 @pytest.fixture
-def backend(tmp_path: Path) -> LocalSandboxBackend:
+async def backend(tmp_path: Path) -> AsyncIterator[LocalSandboxBackend]:
     require_bwrap()
-    return LocalSandboxBackend(tmp_path / "sandboxes", LocalLimits(timeout_s=20, nproc=64))
+    made = LocalSandboxBackend(tmp_path / "sandboxes", LocalLimits(timeout_s=20, nproc=64))
+    yield made
+    for record in await made.list_sandboxes():  # a loop-mounted workspace would stay mounted otherwise
+        await made.kill(record.sandbox_id)
+    made.close()
 
 
 @pytest.fixture

@@ -39,10 +39,19 @@ def host_exists(path: str) -> bool:
     return Path(path).exists()
 
 
+async def remove_all(backend: LocalSandboxBackend) -> None:
+    """Kill whatever a test left behind (a loop-mounted workspace would stay mounted otherwise)."""
+    for record in await backend.list_sandboxes():
+        await backend.kill(record.sandbox_id)
+    backend.close()
+
+
 @pytest.fixture
-def backend(tmp_path: Path) -> LocalSandboxBackend:
+async def backend(tmp_path: Path) -> AsyncIterator[LocalSandboxBackend]:
     require_bwrap()
-    return LocalSandboxBackend(tmp_path / "sandboxes", LocalLimits(timeout_s=20, output_bytes=64 * 1024))
+    made = LocalSandboxBackend(tmp_path / "sandboxes", LocalLimits(timeout_s=20, output_bytes=64 * 1024))
+    yield made
+    await remove_all(made)
 
 
 @pytest.fixture
@@ -107,8 +116,12 @@ async def test_output_is_capped(sandbox: LocalSandbox) -> None:
 @pytest.mark.asyncio
 async def test_cpu_limit(tmp_path: Path) -> None:
     require_bwrap()
-    box = await LocalSandboxBackend(tmp_path / "s", LocalLimits(cpu_s=1)).create("cpu", metadata={})
-    result = await box.run([PY, "-c", "while True: pass"], timeout_s=10)
+    backend = LocalSandboxBackend(tmp_path / "s", LocalLimits(cpu_s=1))
+    box = await backend.create("cpu", metadata={})
+    try:
+        result = await box.run([PY, "-c", "while True: pass"], timeout_s=10)
+    finally:
+        await remove_all(backend)
     assert not result.timed_out and result.exit_code == 128 + 24  # SIGXCPU
     assert "CPU time limit of 1 s exceeded" in result.stderr
 
@@ -118,10 +131,13 @@ async def test_file_size_limit(tmp_path: Path) -> None:
     require_bwrap()
     backend = LocalSandboxBackend(tmp_path / "s", LocalLimits(fsize_mb=1))
     box = await backend.create("fsize", metadata={})
-    code, _, err = await py(box, "open('big', 'wb').write(b'x' * (2 * 1024 * 1024))")
-    assert code != 0 and "File too large" in err
-    with pytest.raises(SandboxError, match="file size limit"):
-        await box.write_file("big2", b"x" * (2 * 1024 * 1024))
+    try:
+        code, _, err = await py(box, "open('big', 'wb').write(b'x' * (2 * 1024 * 1024))")
+        assert code != 0 and "File too large" in err
+        with pytest.raises(SandboxError, match="file size limit"):
+            await box.write_file("big2", b"x" * (2 * 1024 * 1024))
+    finally:
+        await remove_all(backend)
 
 
 @pytest.mark.asyncio

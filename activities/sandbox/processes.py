@@ -1,9 +1,10 @@
 """Running one bubblewrapped command to its end: output capture, wall-time limit, and pid-namespace teardown.
 
 :func:`execute` starts a :class:`~activities.sandbox.bwrap.Spawn`, feeds its stdin,
-keeps at most ``limits.output_bytes`` of each stream, kills it on timeout or when
-it floods its output past ``limits.drain_bytes``, and returns only once the
-command's pid namespace is empty: nothing the command started survives.
+keeps at most ``limits.output_bytes`` of each stream, kills it on timeout, when
+it floods its output past ``limits.drain_bytes`` or when its ``monitor`` objects
+(the measured workspace quota), and returns only once the command's pid namespace
+is empty: nothing the command started survives.
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from activities.sandbox.base import CommandResult, SandboxUnavailable
+from activities.sandbox.base import CommandResult, SandboxError, SandboxUnavailable
 from activities.sandbox.bwrap import SANDBOX_ENV, Spawn
 from activities.sandbox.local_limits import LocalLimits
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0  # how long to wait for pipes to close after a SIGKILL before giving up on them
+
+# Asked while the command runs; a non-empty answer kills it and is the reason given.
+Monitor = Callable[[], Awaitable[str]]
 
 
 async def execute(
@@ -34,8 +40,14 @@ async def execute(
     limits: LocalLimits,
     running: dict[str, set[asyncio.subprocess.Process]],
     sandbox_id: str,
+    monitor: Monitor | None = None,
+    monitor_min_s: float = 0.25,
 ) -> CommandResult:
-    """Run ``spawn`` for at most ``timeout_s``; while it runs, its bwrap is in ``running[sandbox_id]``."""
+    """Run ``spawn`` for at most ``timeout_s``; while it runs, its bwrap is in ``running[sandbox_id]``.
+
+    ``monitor`` is awaited every ``monitor_min_s`` or more (20 times its last duration):
+    when it returns a reason, the command is killed and the reason is noted.
+    """
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -67,6 +79,10 @@ async def execute(
     if stdin:
         tasks.add(asyncio.ensure_future(_feed(proc, stdin)))
     watch = asyncio.ensure_future(flooded.wait())
+    objection: list[str] = []
+    watchers: set[asyncio.Future[Any]] = {watch}
+    if monitor is not None:
+        watchers.add(asyncio.ensure_future(_watch(monitor, monitor_min_s, objection)))
     timed_out = flooding = False
     deadline = started + timeout_s
     try:
@@ -76,9 +92,11 @@ async def execute(
             if remaining <= 0:
                 timed_out = True
                 break
-            done, _ = await asyncio.wait(pending | {watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(pending | watchers, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             if watch in done:
                 flooding = True
+                break
+            if done & watchers:
                 break
             pending -= done
         if pending:
@@ -88,7 +106,8 @@ async def execute(
             for task in pending:
                 task.cancel()
     finally:
-        watch.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         if proc.returncode is None:  # cancelled (activity cancellation) or the grace ran out
             init.kill()
             killpg(proc)
@@ -99,11 +118,13 @@ async def execute(
         procs.discard(proc)
         if not procs and running.get(sandbox_id) is procs:
             del running[sandbox_id]
-    killed = timed_out or flooding
+    killed = timed_out or flooding or bool(objection)
     exit_code = -signal.SIGKILL if killed else (proc.returncode if proc.returncode is not None else -1)
     note = _limit_note(limits, exit_code)
     if flooding:
         note += f"\n[sandbox] killed: printed more than {limits.drain_bytes} bytes of output"
+    if objection:
+        note += f"\n[sandbox] killed: {objection[0]}"
     return CommandResult(
         exit_code=exit_code,
         stdout=out.text(),
@@ -121,6 +142,25 @@ def _limit_note(limits: LocalLimits, exit_code: int) -> str:
     if exit_code == 128 + signal.SIGXFSZ:
         return f"\n[sandbox] killed: file size limit of {limits.fsize_mb} MiB exceeded"
     return ""
+
+
+async def _watch(monitor: Monitor, min_s: float, objection: list[str]) -> None:
+    """Ask ``monitor`` until it objects (then return, which stops the command); a failed check is skipped."""
+    interval = min_s
+    while True:
+        await asyncio.sleep(interval)
+        started = time.monotonic()
+        try:
+            reason = await monitor()
+        except SandboxError:  # e.g. the check itself timed out: the check after the command decides
+            reason = ""
+        except Exception:  # a bug in the check must not kill the command
+            log.exception("sandbox monitor failed")
+            reason = ""
+        interval = max(min_s, 20 * (time.monotonic() - started))
+        if reason:
+            objection.append(reason)
+            return
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -270,4 +310,4 @@ async def _exited(pidfd: int) -> None:
         loop.remove_reader(pidfd)
 
 
-__all__ = ["KILL_GRACE_S", "execute", "killpg"]
+__all__ = ["KILL_GRACE_S", "Monitor", "execute", "killpg"]

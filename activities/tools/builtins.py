@@ -41,6 +41,16 @@ class ReadFileArgs(BaseModel):
     path: str = Field(description="File path relative to /workspace (at most 1 MiB is returned).")
 
 
+def script_name(code: str) -> str:
+    """The workspace file ``run_python`` writes ``code`` to (named by content, so a retry rewrites the same file).
+
+    Predictable, so the sandboxed code may have put something else there (a FIFO, a
+    symlink): the backend's ``write_file`` refuses anything but a regular file, and
+    the model reads why.
+    """
+    return f".agent_run_{hashlib.sha256(code.encode()).hexdigest()[:8]}.py"
+
+
 def _sandbox(ctx: ToolContext) -> Sandbox:
     if ctx.sandbox is None:
         # a wiring bug in the worker, not something the model can fix: let the activity fail
@@ -76,8 +86,7 @@ def _refusals_to_model() -> Iterator[None]:
 )
 async def run_python(args: RunPythonArgs, ctx: ToolContext) -> str:
     sandbox = _sandbox(ctx)
-    # named by content so that a retry of the same call rewrites the same file
-    script = f".agent_run_{hashlib.sha256(args.code.encode()).hexdigest()[:8]}.py"
+    script = script_name(args.code)
     with _refusals_to_model():
         await sandbox.write_file(script, args.code.encode())
         result = await sandbox.run(["/usr/bin/python3", "-E", "-s", script], timeout_s=COMMAND_TIMEOUT_S)
