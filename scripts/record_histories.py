@@ -40,7 +40,7 @@ async def record(names: list[str]) -> None:
                 settings = Settings(
                     model="openai:test-model",
                     openai=ProviderEndpoint(llm.openai_url),
-                    http_allow=("127.0.0.1",),
+                    http_allow=("127.0.0.1:1024-65535",),
                     store_url=f"{tmp}/store.sqlite3",
                     state_dir=Path(tmp),
                 )

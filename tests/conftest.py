@@ -99,7 +99,7 @@ def settings(tmp_path: Path, llm: FakeLLMServer) -> Settings:
         openai=ProviderEndpoint(llm.openai_url),
         anthropic=ProviderEndpoint(llm.anthropic_url),
         extensions=ExtensionSettings(tool_modules=(TEST_TOOLS,)),
-        http_allow=("127.0.0.1",),
+        http_allow=("127.0.0.1:1024-65535",),  # the fake destinations listen on random ports
         store_url=str(tmp_path / "store.sqlite3"),
         state_dir=tmp_path / "agent",
     )

@@ -144,7 +144,7 @@ def _start_worker(
         "OPENAI_BASE_URL": llm.openai_url,
         "OPENAI_API_KEY": "sk-test",
         "AGENT_STATE_DIR": str(state),
-        "AGENT_HTTP_ALLOW": "127.0.0.1",
+        "AGENT_HTTP_ALLOW": "127.0.0.1:1024-65535",
         "AGENT_LOG_LEVEL": "DEBUG",
         **extra,
     }

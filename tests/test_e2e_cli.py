@@ -80,6 +80,7 @@ def worker_env(dev_env: WorkflowEnvironment, llm: FakeLLMServer, tmp_path: Path)
         "OPENAI_API_KEY": API_KEY,
         "AGENT_STATE_DIR": str(tmp_path / "state"),
         "AGENT_LOG_LEVEL": "DEBUG",
+        "AGENT_HTTP_ALLOW": "127.0.0.1:9",  # so that a POST there is asked for (outside the list it is refused)
     }
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:

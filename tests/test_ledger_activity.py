@@ -33,7 +33,9 @@ def sink() -> Iterator[HttpSink]:
 async def runtimes(postgres_db_url: str, tmp_path: Path) -> AsyncIterator[list[Runtime]]:
     rts = [
         Runtime.from_settings(
-            Settings(http_allow=("127.0.0.1",), store_url=postgres_db_url, state_dir=tmp_path / f"worker-{i}")
+            Settings(
+                http_allow=("127.0.0.1:1024-65535",), store_url=postgres_db_url, state_dir=tmp_path / f"worker-{i}"
+            )
         )
         for i in range(2)
     ]

@@ -398,7 +398,7 @@ def worker_process(dev_env: WorkflowEnvironment, llm: FakeLLMServer, tmp_path: P
         "OPENAI_BASE_URL": llm.openai_url,
         "OPENAI_API_KEY": API_KEY,
         "AGENT_STATE_DIR": str(tmp_path / "state"),
-        "AGENT_HTTP_ALLOW": "127.0.0.1",
+        "AGENT_HTTP_ALLOW": "127.0.0.1:1024-65535",
         "AGENT_LOG_LEVEL": "DEBUG",
         "AGENT_METRICS_PORT": str(port),
         "OTEL_TRACES_EXPORTER": "console",

@@ -26,16 +26,16 @@ def test_defaults_allow_reads_and_ask_for_side_effects() -> None:
 def test_first_matching_operator_rule_decides_and_is_named() -> None:
     op = Policy(
         rules=[
-            PolicyRule(name="no-rm", tool="run_shell", when={"command": r"rm\s+-rf"}, decision="deny"),
+            PolicyRule(name="no-secrets", tool="*_file", when={"path": r"^secrets/"}, decision="deny"),
             PolicyRule(tool="run_*", decision="ask", approval_timeout_s=600),
         ]
     )
-    denied = decide(op, None, "run_shell", {"command": "cd / && rm -rf x"}, side_effect=False)
-    assert (denied.verdict, denied.rule) == ("deny", "no-rm")
-    asked = decide(op, None, "run_python", {"code": "print(1)"}, side_effect=False)
+    denied = decide(op, None, "read_file", {"path": "secrets/key"}, side_effect=False, sandboxed=True)
+    assert (denied.verdict, denied.rule) == ("deny", "no-secrets")
+    asked = decide(op, None, "run_python", {"code": "print(1)"}, side_effect=False, sandboxed=True)
     assert (asked.verdict, asked.rule, asked.approval_timeout_s) == ("ask", "operator#2", 600)
     # A `when` key the call does not have never matches.
-    assert decide(op, None, "run_shell", {}, side_effect=False).rule == "operator#2"
+    assert decide(op, None, "write_file", {}, side_effect=False, sandboxed=True).rule == "default:sandboxed"
 
 
 def test_run_policy_tightens_but_never_loosens() -> None:

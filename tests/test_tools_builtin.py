@@ -141,11 +141,11 @@ async def test_get_allowed_host(server: Server) -> None:
     text = await call("http_request", {"method": "get", "url": server.base + "/hello"}, ctx)
     assert text == "HTTP 200 OK\ncontent-type: text/plain; charset=utf-8\n\nhello world"
     assert server.requests[0].method == "GET" and "idempotency-key" not in server.requests[0].headers
-    # a plain host entry allows any port; error statuses are results, not errors
+    # a port range names the port too; error statuses are results, not errors
     text = await call(
         "http_request",
         {"method": "GET", "url": server.base + "/missing"},
-        ctx_for("http_request", allow=("127.0.0.1",)),
+        ctx_for("http_request", allow=(f"127.0.0.1:{server.port - 1}-{server.port + 1}",)),
     )
     assert text.startswith("HTTP 404 Not Found\n") and text.endswith("no such thing")
     head = await call("http_request", {"method": "HEAD", "url": server.base + "/hello"}, ctx)
@@ -154,14 +154,23 @@ async def test_get_allowed_host(server: Server) -> None:
 
 @pytest.mark.asyncio
 async def test_host_not_allowed_is_refused_without_a_request(server: Server) -> None:
-    for allow in ((), ("example.com",), (f"127.0.0.1:{server.port + 1}",), ("localhost",)):
+    for allow in (
+        (),
+        ("example.com",),
+        (f"127.0.0.1:{server.port + 1}",),
+        (f"localhost:{server.port}",),
+        ("127.0.0.1",),  # no port: 80 and 443 only
+    ):
         with pytest.raises(ToolError, match=r"127\.0\.0\.1.*AGENT_HTTP_ALLOW"):
             await call(
                 "http_request", {"method": "GET", "url": server.base + "/hello"}, ctx_for("http_request", allow=allow)
             )
     for url in ("file:///etc/passwd", "ftp://127.0.0.1/x", "/relative"):
-        with pytest.raises(ToolError):
-            await call("http_request", {"method": "GET", "url": url}, ctx_for("http_request", allow=("127.0.0.1",)))
+        validated = REGISTRY.validate_call(
+            RecordedToolCall(id="c", name="http_request", arguments_json=json.dumps({"method": "GET", "url": url})),
+            ["http_request"],
+        )
+        assert "not an absolute http:// or https:// URL" in validated.error
     assert server.requests == []
 
 
@@ -180,7 +189,7 @@ async def test_redirects_are_rechecked(server: Server) -> None:
 
 @pytest.mark.asyncio
 async def test_post_carries_the_invocation_idempotency_key(server: Server) -> None:
-    ctx = ctx_for("http_request", allow=("127.0.0.1",), key="wf-9/step-2/call-1")
+    ctx = ctx_for("http_request", allow=(f"127.0.0.1:{server.port}",), key="wf-9/step-2/call-1")
     args = {"method": "POST", "url": server.base + "/echo", "json": {"n": 1}}
     first = await call("http_request", args, ctx)
     second = await call("http_request", args, ctx)  # a retry of the same invocation
@@ -194,7 +203,9 @@ async def test_post_carries_the_invocation_idempotency_key(server: Server) -> No
 @pytest.mark.asyncio
 async def test_large_body_is_truncated(server: Server) -> None:
     text = await call(
-        "http_request", {"method": "GET", "url": server.base + "/big"}, ctx_for("http_request", allow=("127.0.0.1",))
+        "http_request",
+        {"method": "GET", "url": server.base + "/big"},
+        ctx_for("http_request", allow=(f"127.0.0.1:{server.port}",)),
     )
     assert text.endswith(f"\n(body truncated at {MAX_HTTP_BODY_BYTES} bytes of {BIG})")
     body = text.split("\n\n", 1)[1].rsplit("\n(body truncated", 1)[0]

@@ -80,7 +80,14 @@ class ToolCallRunner:
         carry.transcript_len = base + len(turn.tool_calls)
 
     def _policy_for(self, call: ToolCall) -> Decision:
-        return decide(self.operator_policy, self.run_policy, call.name, call.arguments, side_effect=call.side_effect)
+        return decide(
+            self.operator_policy,
+            self.run_policy,
+            call.name,
+            call.arguments,
+            side_effect=call.side_effect,
+            sandboxed=call.uses_sandbox,
+        )
 
     def _open_approval(
         self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, kind: str = "tool_call"

@@ -134,7 +134,9 @@ class ModelActivities:
         return ModelTurn(
             text=text[:MAX_TEXT_IN_HISTORY],
             text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
-            tool_calls=[self._rt.tools.validate_call(call, req.tools) for call in message.tool_calls],
+            tool_calls=[
+                self._rt.tools.validate_call(call, req.tools, self._rt.settings) for call in message.tool_calls
+            ],
             usage=Usage.model_validate(meta.get("usage", {})),
             finish_reason=str(meta.get("finish_reason", "")),
             response_id=str(meta.get("response_id", "")),

@@ -1,5 +1,13 @@
 """The http_request tool: egress only to allow-listed hosts (re-checked on every redirect), capped bodies.
 
+The URL is canonicalized when the model's call is validated (``HttpRequestArgs``),
+so policy rules, approvals and idempotency keys see the URL that is requested.
+Where a request may go is decided by ``activities.tools.egress``: the allow list
+(an entry without a port opens only 80 and 443), and endpoints no allow list
+opens (the worker's Temporal, metrics and store, cloud metadata), checked on the
+URL before any approval is asked (:func:`precheck`) and again at connect time on
+the resolved addresses, for the first request and every redirect.
+
 Non-GET/HEAD requests carry ``Idempotency-Key: <invocation key>``, identical on
 every retry, so that a server honouring it applies a retried POST only once.
 The worker's environment (proxies, ``.netrc``) is never used.
@@ -14,7 +22,19 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from activities.settings import Settings
+from activities.tools.egress import (
+    EgressGuard,
+    EgressRefused,
+    GuardedTransport,
+    canonical_url,
+    host_allowed,
+    not_allowed_message,
+    url_host_port,
+)
 from activities.tools.spec import ToolContext, ToolError, tool
+
+__all__ = ["HttpRequestArgs", "host_allowed", "http_request", "precheck"]
 
 MAX_HTTP_BODY_BYTES = 100_000
 MAX_REDIRECTS = 5
@@ -22,7 +42,6 @@ CONNECT_TIMEOUT_S = 10.0
 TOTAL_TIMEOUT_S = 30.0
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 USER_AGENT = "durable-agents/0.1"
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 # set by httpx or by us; letting the model set them would desynchronise framing or the allow-list's view of the host
 _RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "idempotency-key"})
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -33,7 +52,10 @@ class HttpRequestArgs(BaseModel):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True, extra="forbid")
 
     method: str = Field(description="HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS.")
-    url: str = Field(description="Absolute http:// or https:// URL; its host must be on the worker's allow-list.")
+    url: str = Field(
+        description="Absolute http:// or https:// URL without user:password@; its host (and port, unless 80 "
+        "or 443) must be on the worker's allow-list."
+    )
     headers: dict[str, str] | None = Field(default=None, description="Extra request headers (optional).")
     json_body: Any = Field(
         default=None, alias="json", description="A JSON value to send as the request body (optional)."
@@ -48,6 +70,11 @@ class HttpRequestArgs(BaseModel):
             raise ValueError(f"method must be one of {', '.join(METHODS)}")
         return method
 
+    @field_validator("url")
+    @classmethod
+    def _canonical(cls, value: str) -> str:
+        return canonical_url(value)
+
     @model_validator(mode="after")
     def _one_body(self) -> HttpRequestArgs:
         if self.json_body is not None and self.body is not None:
@@ -55,46 +82,25 @@ class HttpRequestArgs(BaseModel):
         return self
 
 
-def _parse_entry(entry: str) -> tuple[str, int | None]:
-    """``host`` -> (host, None: any port); ``host:port`` / ``[v6]:port`` -> (host, port); bad port -> -1."""
-    entry = entry.strip().lower()
-    if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif entry.count(":") == 1:
-        host, _, port = entry.partition(":")
-    else:  # a plain host name, or a bare IPv6 address
-        host, port = entry, ""
-    if not port:
-        return host.rstrip("."), None
-    return host.rstrip("."), int(port) if port.isdigit() else -1
-
-
-def host_allowed(url: httpx.URL, allow: Iterable[str]) -> bool:
-    """Whether ``url``'s host (and port) matches an ``AGENT_HTTP_ALLOW`` entry; an empty list allows nothing."""
-    host = url.host.lower().rstrip(".")
-    port = url.port or _DEFAULT_PORTS.get(url.scheme, -1)
-    for entry in allow:
-        allowed_host, allowed_port = _parse_entry(entry)
-        if allowed_host == host and allowed_port in (None, port):
-            return True
-    return False
-
-
 def _checked(raw: str | httpx.URL, allow: Iterable[str], *, via: str = "") -> httpx.URL:
+    """The canonical URL of ``raw`` when the allow list lets it through; ``ToolError`` otherwise."""
     try:
-        url = httpx.URL(raw)
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise ToolError(f"invalid URL {str(raw)!r}: {exc}") from None
-    if url.scheme not in _DEFAULT_PORTS or not url.host:
-        raise ToolError(f"URL {str(url)!r} is not an absolute http:// or https:// URL")
+        url = httpx.URL(canonical_url(str(raw)))
+    except ValueError as exc:
+        raise ToolError(f"{via}{exc}") from None
     if not host_allowed(url, allow):
-        where = f"{url.host}:{url.port or _DEFAULT_PORTS[url.scheme]}"
-        raise ToolError(
-            f"{via}host {where} is not allowed: outbound HTTP is limited to the hosts in AGENT_HTTP_ALLOW "
-            f"({', '.join(allow) or 'empty: no host is allowed'}); ask the operator to add it"
-        )
+        raise ToolError(via + not_allowed_message(*url_host_port(url), allow))
     return url
+
+
+def precheck(args: BaseModel, settings: Settings) -> str | None:
+    """Why this call can never succeed, known before it runs (so no human is asked to approve it), or None."""
+    assert isinstance(args, HttpRequestArgs)
+    url = httpx.URL(args.url)  # already canonical
+    host, port = url_host_port(url)
+    if not host_allowed(url, settings.http_allow):
+        return not_allowed_message(host, port, settings.http_allow)
+    return EgressGuard(settings).static_refusal(host, port)
 
 
 def _request_headers(args: HttpRequestArgs, method: str, idempotency_key: str, cross_origin: bool) -> dict[str, str]:
@@ -145,6 +151,7 @@ def _render(response: httpx.Response, body: bytes, truncated: bool) -> str:
     ),
     args=HttpRequestArgs,
     side_effect=True,  # non-GET requests change things elsewhere; the approval policy decides per method
+    precheck=precheck,
     uses_sandbox=False,
     timeout_s=60,
     max_attempts=5,
@@ -162,12 +169,17 @@ async def http_request(args: HttpRequestArgs, ctx: ToolContext) -> str:
     # timeouts and connection errors propagate as plain exceptions: the activity retries them
     async with (
         asyncio.timeout(TOTAL_TIMEOUT_S),
-        httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout) as client,
+        httpx.AsyncClient(
+            transport=GuardedTransport(EgressGuard(ctx.settings)), follow_redirects=False, timeout=timeout
+        ) as client,
     ):
         for _hop in range(MAX_REDIRECTS + 1):
             headers = _request_headers(args, method, ctx.invocation.idempotency_key, cross_origin)
             request = client.build_request(method, url, headers=headers, json=json_body, content=content)
-            response = await client.send(request, stream=True)
+            try:
+                response = await client.send(request, stream=True)
+            except EgressRefused as exc:
+                raise ToolError(f"{'redirect to ' if _hop else ''}{url} refused: {exc}") from None
             try:
                 location = response.headers.get("location")
                 if response.status_code not in _REDIRECT_STATUSES or not location:

@@ -16,7 +16,7 @@ from types import ModuleType
 from pydantic import ValidationError
 
 from activities.modules import import_extension
-from activities.settings import ConfigurationError
+from activities.settings import ConfigurationError, Settings
 from activities.tools.spec import ToolSpec, spec_of
 from workflows.types import RecordedToolCall, ToolCall
 
@@ -79,8 +79,13 @@ class ToolRegistry:
         """Provider-neutral definitions of the enabled tools this registry knows, in the given order."""
         return [self._specs[name].definition() for name in names if name in self._specs]
 
-    def validate_call(self, raw: RecordedToolCall, enabled: list[str]) -> ToolCall:
-        """Turn a raw model tool call into a ``ToolCall``; problems become ``error`` text for the model."""
+    def validate_call(self, raw: RecordedToolCall, enabled: list[str], settings: Settings | None = None) -> ToolCall:
+        """Turn a raw model tool call into a ``ToolCall``; problems become ``error`` text for the model.
+
+        With the worker's ``settings``, the tool's ``precheck`` also runs: a call that can never succeed (an
+        ``http_request`` to a host outside the allow list) is an error here, so policy never asks a human
+        to approve it.
+        """
         spec = self._specs.get(raw.name)
         if spec is None or raw.name not in enabled:
             return ToolCall(
@@ -88,7 +93,7 @@ class ToolRegistry:
                 name=raw.name,
                 error=f"Error: unknown tool {raw.name!r}. Available tools: {', '.join(sorted(enabled)) or 'none'}.",
             )
-        settings = {
+        flags = {
             "side_effect": spec.side_effect,
             "uses_sandbox": spec.uses_sandbox,
             "timeout_s": spec.timeout_s,
@@ -103,7 +108,7 @@ class ToolRegistry:
                 name=raw.name,
                 error=f"Error: arguments for {raw.name} are {size} bytes; "
                 f"the limit is {MAX_ARGUMENTS_BYTES}. Split the work into smaller calls.",
-                **settings,
+                **flags,
             )
         try:
             parsed = json.loads(raw.arguments_json or "{}")
@@ -112,11 +117,11 @@ class ToolRegistry:
                 id=raw.id,
                 name=raw.name,
                 error=f"Error: arguments for {raw.name} are not valid JSON ({exc}).",
-                **settings,
+                **flags,
             )
         if not isinstance(parsed, dict):
             return ToolCall(
-                id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} must be a JSON object.", **settings
+                id=raw.id, name=raw.name, error=f"Error: arguments for {raw.name} must be a JSON object.", **flags
             )
         try:
             model = spec.args_model.model_validate(parsed)
@@ -125,9 +130,23 @@ class ToolRegistry:
                 id=raw.id,
                 name=raw.name,
                 error=f"Error: invalid arguments for {raw.name}: {_format_validation_error(exc)}",
-                **settings,
+                **flags,
             )
-        return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **settings)
+        refusal = _precheck(spec, model, settings) if settings is not None else None
+        if refusal:
+            return ToolCall(
+                id=raw.id, name=raw.name, error=f"Error: {raw.name} refused: {refusal}. It was not run.", **flags
+            )
+        return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **flags)
+
+
+def _precheck(spec: ToolSpec, args: object, settings: Settings) -> str | None:
+    if spec.precheck is None:
+        return None
+    try:
+        return spec.precheck(args, settings)
+    except Exception as exc:  # a broken check refuses the call rather than letting it through unchecked
+        return f"its arguments could not be checked ({type(exc).__name__}: {exc})"
 
 
 def _origin(spec: ToolSpec) -> str:

@@ -39,6 +39,9 @@ ToolFn = Callable[[Any, ToolContext], Awaitable[str]]
 ReconcileFn = Callable[[Any, ToolContext], Awaitable[str | None]]
 # Undo a completed side effect (given its recorded result); returns a note for the run's record.
 CompensateFn = Callable[[Any, ToolContext, str], Awaitable[str]]
+# Why a validated call can never succeed (e.g. a host outside the allow list), checked when the model's call is
+# validated, before policy asks anyone to approve it; None when it may run.
+PrecheckFn = Callable[[Any, Settings], str | None]
 Recovery = Literal["idempotent_by_key", "reconcile", "unknown"]
 
 
@@ -56,6 +59,7 @@ class ToolSpec:
     recovery: Recovery = "unknown"
     reconcile: ReconcileFn | None = None
     compensate: CompensateFn | None = None
+    precheck: PrecheckFn | None = None
 
     @property
     def ledgered(self) -> bool:
@@ -85,6 +89,7 @@ def tool(
     recovery: Recovery = "unknown",
     reconcile: ReconcileFn | None = None,
     compensate: CompensateFn | None = None,
+    precheck: PrecheckFn | None = None,
 ) -> Callable[[ToolFn], ToolFn]:
     """Declare ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model.
 
@@ -93,7 +98,9 @@ def tool(
     again with the same idempotency key (the destination dedupes), ``reconcile``
     asks ``reconcile(args, ctx)`` whether it happened, and ``unknown`` (the default)
     pauses the run for a human. ``compensate`` undoes a completed call when the run
-    is cancelled. Raise :class:`ToolError` for failures the model should read.
+    is cancelled. ``precheck(args, settings)`` returns why a call can never succeed
+    (it becomes the call's error before policy or a human sees it), or None. Raise
+    :class:`ToolError` for failures the model should read.
     """
     if recovery == "reconcile" and reconcile is None:
         raise ValueError(f"tool {name!r}: recovery='reconcile' needs a reconcile function")
@@ -114,6 +121,7 @@ def tool(
             recovery=recovery,
             reconcile=reconcile,
             compensate=compensate,
+            precheck=precheck,
         )
         setattr(fn, SPEC_ATTRIBUTE, spec)
         return fn

@@ -110,7 +110,7 @@ def worker_env(
         "OPENAI_BASE_URL": llm_url,
         "OPENAI_API_KEY": "sk-crash-test",
         "AGENT_STATE_DIR": str(state_dir),
-        "AGENT_HTTP_ALLOW": "127.0.0.1",
+        "AGENT_HTTP_ALLOW": "127.0.0.1:1024-65535",
         "AGENT_TOOL_MODULES": CRASH_TOOLS,
         "AGENT_POLICY_FILE": str(policy_file),
         "AGENT_LOG_LEVEL": "INFO",
