@@ -32,7 +32,7 @@ from activities.tools import ToolContext, ToolError
 from activities.tools.egress import canonical_url, host_allowed
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.fakes.worker_proc import DevServer
+from tests.fakes.worker_proc import DevServer, free_port
 from workflows.agent import AgentWorkflow
 from workflows.policy import Policy, decide, parse_run_policy
 from workflows.types import RecordedToolCall, ToolInvocation
@@ -172,6 +172,18 @@ async def test_the_workers_own_endpoints_are_denied_even_when_allow_listed(serve
                 settings = replace(settings, http_allow=(*settings.http_allow, f"[::ffff:127.0.0.1]:{server.port}"))
             await refused(get, settings, f"is {what.strip()}: always denied")
     assert server.paths == []
+
+
+async def test_a_redirect_to_the_workers_own_endpoint_is_refused(server: Server) -> None:
+    metrics = free_port()
+    settings = settings_for(
+        (f"127.0.0.1:{server.port}", f"localhost:{metrics}"),
+        observability=ObservabilitySettings(metrics_port=metrics),
+    )
+    url = f"{server.base}/to/http://localhost:{metrics}/metrics"
+    with pytest.raises(ToolError, match=rf"redirect to http://localhost:{metrics}/metrics refused: .*metrics endpoint"):
+        await request({"method": "GET", "url": url}, settings)
+    assert server.paths == [f"/to/http://localhost:{metrics}/metrics"]
 
 
 async def test_a_host_name_is_checked_on_the_addresses_it_resolves_to(server: Server) -> None:
