@@ -1,0 +1,230 @@
+"""Anyone who can signal a run can send it anything; nothing they send can break it.
+
+A run waiting for an approval gets ~1,000 junk signals of every kind: fields of
+1.5 MB (three of them, as once observed: each was copied into its refusal
+message, kept in ``refused`` and the progress stream, and carried into
+continue-as-new until the status query failed with "message too large" and every
+workflow task with ``PayloadsTooLarge``), wrong types, non-object and
+undecodable payloads, the wrong number of payloads, unknown approval ids, the
+wrong reviewer, bad or missing signatures, unknown signal names and publishes to
+the progress stream. Every one is refused in one log line and counted in the
+status view, which stays small; the run still completes after one valid
+approval, and its history holds the oversized content only in the signals
+themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import RawValue
+from temporalio.testing import WorkflowEnvironment
+
+from activities.runtime import Runtime
+from tests.conftest import WorkerFactory, start_agent, with_settings
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.history_payloads import payloads
+from workflows.agent import AgentWorkflow
+from workflows.identity import decision_signature
+from workflows.progress import PUBLISH_SIGNAL
+from workflows.types import AgentResult, ApproveSignal, StatusView
+
+KEY = "junk-signals-key"
+MARK = "BIG-" + uuid.uuid4().hex  # starts every oversized field, to find it in history
+BIG = MARK + "R" * 1_500_000
+ASK_FIRST = {"rules": [{"name": "ask-first", "tool": "always_fails", "decision": "ask"}]}
+
+
+def raw(data: bytes, encoding: bytes = b"json/plain") -> RawValue:
+    return RawValue(Payload(metadata={"encoding": encoding}, data=data))
+
+
+def junk(aid: str) -> list[tuple[str, list[Any], str]]:
+    """(signal name, its payloads, the reason it must be counted under), ~1,000 of them."""
+    published = base64.b64encode(Payload(data=b"x" * 1000).SerializeToString()).decode()
+    kinds: list[tuple[str, list[Any], str, int]] = [
+        # oversized fields (the 1.5 MB ones are sent last: see below)
+        ("approve", [{"approval_id": aid, "reviewer": "alice", "comment": MARK + "c" * 5000}], "malformed", 40),
+        ("reject", [{"approval_id": aid, "reviewer": "alice", "reason": MARK + "r" * 5000}], "malformed", 40),
+        ("approve", [{"approval_id": aid, "reviewer": "alice", "signature": "f" * 300}], "malformed", 30),
+        ("approve", [{"approval_id": "ap_" + "0" * 62, "reviewer": "alice"}], "malformed", 30),
+        ("resolve", [{"approval_id": aid, "reviewer": "r" * 201, "resolution": "retry"}], "malformed", 30),
+        # wrong types and shapes
+        ("approve", [{"approval_id": 5, "reviewer": "alice"}], "malformed", 30),
+        ("approve", [{"approval_id": aid, "reviewer": None}], "malformed", 30),
+        ("reject", [{"approval_id": aid, "reviewer": "alice", "reason": [1]}], "malformed", 30),
+        ("resolve", [{"approval_id": aid, "reviewer": "alice", "resolution": "maybe"}], "malformed", 30),
+        ("approve", [{}], "malformed", 20),
+        ("approve", [[1, 2]], "malformed", 20),
+        ("reject", ["str"], "malformed", 20),
+        ("resolve", [42], "malformed", 20),
+        ("approve", [None], "malformed", 20),
+        ("approve", [True], "malformed", 20),
+        # payloads the SDK itself cannot decode
+        ("approve", [raw(b'{"approval_id": "\\ud800", "reviewer": "alice"}')], "malformed", 20),
+        ("reject", [raw(b'{"approval_id": "\xff", "reviewer": "alice"}')], "malformed", 20),
+        ("approve", [raw(b'{"approval_id": ')], "malformed", 20),
+        ("approve", [raw(b"\x00\x01", b"binary/plain")], "malformed", 20),
+        # the wrong number of payloads (two used to fail every workflow task)
+        ("approve", [], "malformed", 20),
+        ("reject", [{"approval_id": aid, "reviewer": "alice"}] * 2, "malformed", 20),
+        # well-formed but wrong
+        ("approve", [{"approval_id": "ap_forged0000000", "reviewer": "alice"}], "unknown_approval", 100),
+        ("approve", [{"approval_id": aid, "reviewer": "mallory"}], "not_an_approver", 110),
+        ("reject", [{"approval_id": aid, "reviewer": " "}], "no_reviewer", 30),
+        ("approve", [{"approval_id": aid, "reviewer": "alice"}], "unsigned", 50),
+        ("approve", [{"approval_id": aid, "reviewer": "alice", "signature": "00" * 32}], "bad_signature", 40),
+        ("resolve", [{"approval_id": aid, "reviewer": "alice", "resolution": "retry"}], "wrong_decision", 30),
+        # other signal names
+        ("aprove", [{"approval_id": aid, "reviewer": "alice"}], "unknown_signal", 40),
+        ("cancel", [], "unknown_signal", 20),
+        (PUBLISH_SIGNAL, [{"items": [{"topic": "progress", "data": published}]}], "stream_publish", 40),
+        (PUBLISH_SIGNAL, [[1]], "stream_publish", 10),
+    ]
+    signals = [(name, args, reason) for name, args, reason, count in kinds for _ in range(count)]
+    # Three 1.5 MB reviewers, as observed; sent last so that the other signals' workflow tasks
+    # (replayed from scratch in the no-cache mode) do not all carry them.
+    signals += [("approve", [{"approval_id": aid, "reviewer": BIG}], "malformed")] * 3
+    return signals
+
+
+FORCE_CLOSED = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND
+
+
+def worker_task_failures(events: Sequence[HistoryEvent]) -> list[HistoryEvent]:
+    """Workflow tasks the worker failed. The server itself force-closes an in-flight task when more
+    than 100 signals (or 2 MB of them) arrive during it; the next task handles them all."""
+    return [
+        e
+        for e in events
+        if e.HasField("workflow_task_failed_event_attributes")
+        and e.workflow_task_failed_event_attributes.cause
+        != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND
+    ]
+
+
+async def pending_view(handle: WorkflowHandle[AgentWorkflow, AgentResult]) -> StatusView:
+    for _ in range(400):
+        view = await handle.query(AgentWorkflow.status)
+        if view.pending_approvals:
+            return view
+        await asyncio.sleep(0.05)
+    raise AssertionError("no approval was requested")
+
+
+async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_approval(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = dev_env.client
+    llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]), Scripted(text="done despite the junk"))
+    caplog.set_level(logging.WARNING)
+    async with run_worker(client, with_settings(runtime, approval_key=SecretStr(KEY))) as tq:
+        handle = await start_agent(client, tq, id_prefix="junk", approvers=["alice"], policy=ASK_FIRST)
+        approval = (await pending_view(handle)).pending_approvals[0]
+        signals = junk(approval.approval_id)
+        assert len(signals) >= 1000
+
+        began = time.monotonic()
+        untyped = client.get_workflow_handle(handle.id)
+        for start in range(0, len(signals), 100):
+            await asyncio.gather(*(untyped.signal(name, args=args) for name, args, _ in signals[start : start + 100]))
+        for _ in range(600):
+            view = await handle.query(AgentWorkflow.status)
+            if view.refused_total >= len(signals):
+                break
+            await asyncio.sleep(0.1)
+        sent_and_refused_s = time.monotonic() - began
+
+        # The status query works and stays small; every junk signal is counted, by reason.
+        status_bytes = len((await untyped.query("status", result_type=RawValue)).payload.data)
+        assert status_bytes < 64_000, f"status query result is {status_bytes} bytes"
+        assert view.state == "waiting_approval"
+        assert view.refused_total == len(signals)
+        assert view.refused_counts == dict(Counter(reason for _, _, reason in signals))
+        assert len(view.refused) == 20
+        assert all(len(message) < 600 for message in view.refused)
+
+        # The update refuses junk too, and its caller gets the reason (nothing reaches history).
+        for arg, reason in [
+            ({"approval_id": approval.approval_id, "decision": "approve", "reviewer": BIG[:10_000]}, "at most 200"),
+            ([1, 2], "expected a JSON object, got an array"),
+            (raw(b'{"approval_id": "\\udc00"}'), "not valid Unicode"),
+        ]:
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await untyped.execute_update("decide", arg)
+            assert reason in str(refused.value.cause)
+            assert len(str(refused.value.cause)) < 600
+        with pytest.raises(WorkflowUpdateFailedError) as two:
+            await untyped.execute_update("decide", args=[{}, {}])
+        assert "expected one payload, got 2" in str(two.value.cause)
+
+        # One valid (signed) approval still completes the run.
+        signature = decision_signature(KEY.encode(), approval.approval_id, "approve", "alice", approval.expires_at)
+        valid = ApproveSignal(approval_id=approval.approval_id, reviewer="alice", signature=signature)
+        await handle.signal(AgentWorkflow.approve, valid)
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+        first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        history = await first_run.fetch_history()
+    assert result.status == "completed" and result.output == "done despite the junk"
+    print(f"{len(signals)} junk signals sent and refused in {sent_and_refused_s:.1f} s; status {status_bytes} bytes")
+
+    assert not worker_task_failures(history.events)
+    # The oversized content is in history only as the signals that carried it, never in a refusal.
+    carrying = [p for event in history.events for p in payloads(event) if MARK.encode() in p.data]
+    assert len(carrying) == sum(MARK in repr(args) for _, args, _ in signals)
+
+    # One line per refusal, never a traceback, and no signal dropped by the SDK before the run saw it.
+    records = [r for r in caplog.records if r.name.startswith("temporalio")]
+    assert not [r for r in records if "Failed deserializing" in r.getMessage()]
+    refusals = [r for r in records if r.getMessage().startswith("refused")]
+    assert (
+        sum("refused approve signal: reviewer: String should have at most 200" in r.getMessage() for r in refusals) >= 3
+    )
+    assert all("\n" not in r.getMessage() and r.exc_info is None and len(r.getMessage()) < 2000 for r in refusals)
+
+
+async def test_a_signal_with_two_payloads_does_not_fail_the_workflow_task(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """Two payloads used to raise TypeError in the handler call, failing every workflow task for good."""
+    llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]), Scripted(text="done"))
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, id_prefix="junk2", policy=ASK_FIRST)
+        aid = (await pending_view(handle)).pending_approvals[0].approval_id
+        decision = {"approval_id": aid, "reviewer": "alice"}
+        await dev_env.client.get_workflow_handle(handle.id).signal("approve", args=[decision, decision])
+        for _ in range(100):
+            view = await handle.query(AgentWorkflow.status)
+            if view.refused_total:
+                break
+            await asyncio.sleep(0.05)
+        assert view.refused_counts == {"malformed": 1}
+        assert "refused approve signal: expected one payload, got 2" in view.refused[-1]
+        await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=aid, reviewer="alice"))
+        assert (await asyncio.wait_for(handle.result(), timeout=30)).status == "completed"
+    history = await handle.fetch_history()
+    assert not worker_task_failures(history.events)
+
+
+def test_the_refused_publish_signal_is_the_streams_own() -> None:
+    """The run refuses outside publishes by the stream's signal name, which the contrib module owns."""
+    from temporalio.contrib.workflow_streams import _stream
+
+    assert _stream._PUBLISH_SIGNAL == PUBLISH_SIGNAL
