@@ -11,23 +11,73 @@ failure means the loop's command sequence changed, which must be guarded with
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client
+from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
 from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer
-from tests.scenarios import SCENARIOS
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.scenarios import SCENARIOS, Handle, Scenario
 from worker import build_worker
+from workflows.agent import AgentWorkflow
+from workflows.progress import PUBLISH_SIGNAL
+from workflows.types import AgentInput, ApproveSignal
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "histories"
 TEMPORAL = Path(sys.executable).parent / "temporal"
+
+
+async def junk_signals(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """A run waiting for an approval gets malformed, oversized and unknown signals (each refused and
+    counted), then one valid approval."""
+    llm.enqueue(Scripted(tool_calls=[("read_file", json.dumps({"path": "missing"}))]), Scripted(text="done"))
+    ask = {"rules": [{"name": "ask-reads", "tool": "read_file", "decision": "ask"}]}
+    inp = AgentInput(task="ignore the junk", approvers=["alice"], policy=ask)
+    handle = await client.start_workflow(AgentWorkflow.run, inp, id=wid, task_queue=tq)
+    for _ in range(400):
+        view = await handle.query(AgentWorkflow.status)
+        if view.pending_approvals:
+            break
+        await asyncio.sleep(0.05)
+    aid = view.pending_approvals[0].approval_id
+    surrogate = RawValue(Payload(metadata={"encoding": b"json/plain"}, data=b'{"approval_id": "\\ud800"}'))
+    junk: list[tuple[str, list[Any]]] = [
+        ("approve", [{"approval_id": aid, "reviewer": "x" * 300}]),
+        ("approve", [[1, 2]]),
+        ("reject", [surrogate]),
+        ("resolve", [{"approval_id": aid, "reviewer": "alice", "resolution": "maybe"}]),
+        ("approve", []),
+        ("approve", [{"approval_id": aid, "reviewer": "alice"}] * 2),
+        ("approve", [{"approval_id": "ap_forged", "reviewer": "alice"}]),
+        ("approve", [{"approval_id": aid, "reviewer": "mallory"}]),
+        ("aprove", [{"approval_id": aid, "reviewer": "alice"}]),
+        (PUBLISH_SIGNAL, [{"items": []}]),
+    ]
+    untyped = client.get_workflow_handle(wid)
+    for name, args in junk:
+        await untyped.signal(name, args=args)
+    for _ in range(400):
+        if (await handle.query(AgentWorkflow.status)).refused_total >= len(junk):
+            break
+        await asyncio.sleep(0.05)
+    await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=aid, reviewer="alice"))
+    await handle.result()
+    return handle
+
+
+# Scenarios recorded here only (tests/scenarios.py holds the ones tests also run).
+RECORDED: dict[str, Scenario] = {**SCENARIOS, "junk_signals": junk_signals}
 
 
 async def record(names: list[str]) -> None:
@@ -47,7 +97,7 @@ async def record(names: list[str]) -> None:
                 runtime = Runtime.from_settings(settings)
                 tq = f"record-{uuid.uuid4().hex[:8]}"
                 async with build_worker(env.client, runtime, task_queue=tq):
-                    handle = await SCENARIOS[name](env.client, tq, llm, sink, f"history-{name}")
+                    handle = await RECORDED[name](env.client, tq, llm, sink, f"history-{name}")
                 history = await handle.fetch_history()
                 (OUT / f"{name}.json").write_text(history.to_json())
                 print(f"recorded {name}: {len(history.events)} events")
@@ -57,4 +107,4 @@ async def record(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record(sys.argv[1:] or list(SCENARIOS)))
+    asyncio.run(record(sys.argv[1:] or list(RECORDED)))
