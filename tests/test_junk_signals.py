@@ -126,13 +126,15 @@ async def pending_view(handle: WorkflowHandle[AgentWorkflow, AgentResult]) -> St
 
 
 async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_approval(
-    dev_env: WorkflowEnvironment,
+    can_env: WorkflowEnvironment,
     runtime: Runtime,
     run_worker: WorkerFactory,
     llm: FakeLLMServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    client = dev_env.client
+    # A server that suggests continue-as-new early: the run continues as new right after the approval,
+    # so what it carries across (the progress stream, the refusal counts) is exercised too.
+    client = can_env.client
     llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]), Scripted(text="done despite the junk"))
     caplog.set_level(logging.WARNING)
     async with run_worker(client, with_settings(runtime, approval_key=SecretStr(KEY))) as tq:
@@ -182,8 +184,18 @@ async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_appr
         result = await asyncio.wait_for(handle.result(), timeout=60)
         first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
         history = await first_run.fetch_history()
+        final = await handle.query(AgentWorkflow.status)
     assert result.status == "completed" and result.output == "done despite the junk"
-    print(f"{len(signals)} junk signals sent and refused in {sent_and_refused_s:.1f} s; status {status_bytes} bytes")
+
+    # The next run was handed a small input, and still counts what the first one refused.
+    continued = history.events[-1].workflow_execution_continued_as_new_event_attributes
+    carried_bytes = continued.input.payloads[0].ByteSize()
+    assert carried_bytes < 64_000, f"the continue-as-new input is {carried_bytes} bytes"
+    assert final.refused_total == len(signals) and final.refused_counts == view.refused_counts
+    print(
+        f"{len(signals)} junk signals sent and refused in {sent_and_refused_s:.1f} s; "
+        f"status {status_bytes} bytes; continue-as-new input {carried_bytes} bytes"
+    )
 
     assert not worker_task_failures(history.events)
     # The oversized content is in history only as the signals that carried it, never in a refusal.

@@ -110,7 +110,14 @@ class AgentWorkflow:
         self._model = ""
         self._output = ""
         self._last_event = "starting"
-        self._book = ApprovalBook(approvers=[], signing_required=False)
+        # Refusals are counted from the first activation on (signals are handled before ``run``
+        # starts), and carried across continue-as-new.
+        self._book = ApprovalBook(
+            approvers=self._input.approvers if self._input else [],
+            signing_required=carry.signing_required if carry else False,  # a fresh run learns it in ``run``
+        )
+        if carry is not None:
+            self._book.refused, self._book.refused_counts = list(carry.refused), dict(carry.refused_counts)
         self._operator_policy = Policy()
         self._run_policy: Policy | None = None
 
@@ -277,7 +284,7 @@ class AgentWorkflow:
         self._search_attributes = carry.search_attributes
         if inp.carry is None:
             self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}")
-        self._book = ApprovalBook(approvers=inp.approvers, signing_required=carry.signing_required)
+        self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
         self._tools = ToolCallRunner(self._book, self._emit, self._operator_policy, self._run_policy)
         try:
@@ -363,6 +370,7 @@ class AgentWorkflow:
                 carry.continued += 1
                 self._emit("continued_as_new", f"continuing as new after step {carry.step}")
                 carry.stream = await self._reporter.hand_over()
+                carry.refused, carry.refused_counts = self._book.refused, dict(self._book.refused_counts)
                 workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 
             self._step = carry.step = carry.step + 1

@@ -105,6 +105,8 @@ class Carry(BaseModel):
     waited_s: float = 0.0  # time spent waiting for human decisions (not counted against timeout_s)
     stream: WorkflowStreamState | None = None  # progress events carried to the next run
     continued: int = 0
+    refused: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
+    refused_counts: dict[Annotated[str, Field(max_length=40)], int] = Field(default_factory=dict, max_length=40)
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
