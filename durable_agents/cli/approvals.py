@@ -17,15 +17,16 @@ import asyncio
 import json
 import shlex
 import sys
-from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 from pydantic import SecretStr, ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
+    WorkflowExecution,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
@@ -34,7 +35,21 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.common import QUERY_TIMEOUT, CliError, describe_run
+from durable_agents.cli.common import (
+    EXIT_USAGE,
+    QUICK_QUERY_TIMEOUT,
+    CliError,
+    NoAnswer,
+    ask_status,
+    bounded,
+    describe_run,
+    ended_state,
+    no_answer_reason,
+    no_worker_line,
+    on_interrupt,
+    poller_count,
+    start_worker_hint,
+)
 from workflows.agent import AgentWorkflow
 from workflows.identity import canonical_json, decision_signature
 from workflows.policy import parse_run_policy
@@ -47,7 +62,13 @@ WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
 DECIDE_TIMEOUT = timedelta(seconds=30)
 QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
 ARGS_WIDTH = 120
-T = TypeVar("T")
+# DecideRequest fields → the arguments that set them
+_DECISION_FIELDS = {
+    "approval_id": "the approval id",
+    "reviewer": "--reviewer",
+    "comment": "--comment or --reason",
+    "signature": "the signature",
+}
 
 
 # --- argument parsing ----------------------------------------------------------------
@@ -107,17 +128,17 @@ def load_run_policy(path: str | None) -> dict[str, Any]:
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise CliError(f"--policy {path}: {exc.strerror or exc}", code=2) from None
+        raise CliError(f"--policy {path}: {exc.strerror or exc}", code=EXIT_USAGE) from None
     except ValueError as exc:
-        raise CliError(f"--policy {path}: not valid JSON: {exc}", code=2) from None
+        raise CliError(f"--policy {path}: not valid JSON: {exc}", code=EXIT_USAGE) from None
     if not isinstance(raw, dict):
-        raise CliError(f"--policy {path}: expected a JSON object with 'rules'", code=2)
+        raise CliError(f"--policy {path}: expected a JSON object with 'rules'", code=EXIT_USAGE)
     try:
         parse_run_policy(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "policy"
-        raise CliError(f"--policy {path}: {where}: {first['msg']}", code=2) from None
+        raise CliError(f"--policy {path}: {where}: {first['msg']}", code=EXIT_USAGE) from None
     return raw
 
 
@@ -200,21 +221,33 @@ def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[
 # --- reading a run -------------------------------------------------------------------
 
 
-async def running_view(client: Client, workflow_id: str) -> tuple[str, StatusView | None]:
-    """The run's state name and, while it runs, its status query answer."""
+async def running_view(
+    client: Client, workflow_id: str, *, query_timeout: timedelta = QUICK_QUERY_TIMEOUT
+) -> tuple[str, StatusView | None]:
+    """The run's state name and, while it runs, its status query answer (``CliError`` when none comes).
+
+    A closed run's state is the agent's (``cancelled``, ``failed`` ...), not Temporal's ``completed``.
+    """
     handle, desc = await describe_run(client, workflow_id)
     if desc.status != WorkflowExecutionStatus.RUNNING:
-        return (desc.status.name.lower() if desc.status else "unknown"), None
-    view = await query_status(handle)
+        return await ended_state(client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes), None
+    view = await query_status(client, handle, desc, query_timeout=query_timeout)
     return view.state, view
 
 
-async def query_status(handle: WorkflowHandle[Any, Any]) -> StatusView:
+async def query_status(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    desc: WorkflowExecutionDescription,
+    *,
+    query_timeout: timedelta = QUICK_QUERY_TIMEOUT,
+) -> StatusView:
     try:
-        view = await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
-    except (RPCError, RPCTimeoutOrCancelledError) as err:
-        raise CliError(f"run {handle.id} is running but no worker answered: {err}") from None
-    return StatusView.model_validate(view)
+        return await ask_status(client, handle, desc, query_timeout=query_timeout)
+    except NoAnswer as err:
+        pending = desc.typed_search_attributes.get(PENDING_APPROVALS)
+        recorded = f"; it last recorded {pending} pending approval(s)" if pending is not None else ""
+        raise CliError(f"run {handle.id} is running but {err}{recorded}") from None
 
 
 async def _view_or_none(client: Client, workflow_id: str) -> StatusView | None:
@@ -225,35 +258,26 @@ async def _view_or_none(client: Client, workflow_id: str) -> StatusView | None:
         return None
 
 
-async def waiting_run_ids(client: Client) -> list[str]:
-    """Every run that may wait for a decision, all pages of the listing.
+async def waiting_runs(client: Client) -> tuple[list[WorkflowExecution], bool]:
+    """Every run that may wait for a decision, all pages of the listing; and whether the attribute said so.
 
     By the ``AgentPendingApprovals`` search attribute the workflow keeps current; on a
     namespace that does not know the attribute (the server rejects the query), every
     running ``AgentWorkflow`` (their status queries then tell which ones wait).
     """
     try:
-        return await _workflow_ids(client, WAITING_AGENTS)
+        return await _workflows(client, WAITING_AGENTS), True
     except RPCError as err:
         if err.status != RPCStatusCode.INVALID_ARGUMENT:
             raise
-    return await _workflow_ids(client, RUNNING_AGENTS)
+    return await _workflows(client, RUNNING_AGENTS), False
 
 
-async def _workflow_ids(client: Client, query: str) -> list[str]:
-    ids = [wf.id async for wf in client.list_workflows(query)]  # no limit: the iterator reads every page
-    return list(dict.fromkeys(ids))
-
-
-async def _bounded(pending: Iterable[Awaitable[T]], limit: int) -> list[T]:
-    """Await each (not yet started) awaitable, at most ``limit`` at a time; results in their order."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(awaitable: Awaitable[T]) -> T:
-        async with gate:
-            return await awaitable
-
-    return list(await asyncio.gather(*(one(awaitable) for awaitable in pending)))
+async def _workflows(client: Client, query: str) -> list[WorkflowExecution]:
+    found: dict[str, WorkflowExecution] = {}
+    async for wf in client.list_workflows(query):  # no limit: the iterator reads every page
+        found.setdefault(wf.id, wf)
+    return list(found.values())
 
 
 # --- commands ------------------------------------------------------------------------
@@ -264,9 +288,7 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
         state, view = await running_view(client, args.workflow_id)
         views = [(args.workflow_id, view)]
     else:
-        ids = await waiting_run_ids(client)
-        found = await _bounded((_view_or_none(client, wid) for wid in ids), QUERY_CONCURRENCY)
-        views = list(zip(ids, found, strict=True))
+        views = await _waiting_views(client)
     rows = [_row(wid, approval) for wid, view in views if view for approval in view.pending_approvals]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -280,13 +302,32 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
     return 0
 
 
+async def _waiting_views(client: Client) -> list[tuple[str, StatusView | None]]:
+    """The status of every run that may wait; runs on a task queue no worker polls are not asked, but counted."""
+    runs, by_attribute = await waiting_runs(client)
+    queues = sorted({wf.task_queue for wf in runs})
+    pollers = dict(zip(queues, await asyncio.gather(*(poller_count(client, q) for q in queues)), strict=True))
+    asked = [wf.id for wf in runs if pollers[wf.task_queue] != 0]
+    for queue in queues:
+        if pollers[queue] == 0:
+            count = sum(1 for wf in runs if wf.task_queue == queue)
+            what = "wait(s) for approvals" if by_attribute else "may wait for approvals"
+            print(
+                f"warning: {count} run(s) on task queue {queue} {what}, but {no_worker_line(queue)} "
+                f"to show them ({start_worker_hint(queue)})",
+                file=sys.stderr,
+            )
+    found = await bounded((_view_or_none(client, wid) for wid in asked), QUERY_CONCURRENCY)
+    return list(zip(asked, found, strict=True))
+
+
 async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     return await _decide_command(client, args, settings, "approve", args.comment)
 
 
 async def cmd_reject(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     if not args.reason.strip():
-        raise CliError("reject needs a non-empty --reason (the model is told why)", code=2)
+        raise CliError("reject needs a non-empty --reason (the model is told why)", code=EXIT_USAGE)
     return await _decide_command(client, args, settings, "reject", args.reason)
 
 
@@ -299,7 +340,7 @@ async def _decide_command(
 ) -> int:
     workflow_id, reviewer = args.workflow_id, args.reviewer.strip()
     if not reviewer:
-        raise CliError("--reviewer must name who decides", code=2)
+        raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
     state, view = await running_view(client, workflow_id)
     if view is None:
         raise CliError(f"run {workflow_id} is not running ({state}); there is nothing to {decision}")
@@ -343,14 +384,24 @@ async def send_decision(
     """
     key = approval_key.get_secret_value() if approval_key is not None else ""
     expires_at = approval.expires_at if approval else ""
-    request = DecideRequest(
-        approval_id=approval_id,
-        decision=decision,
-        reviewer=reviewer,
-        comment=note,
-        signature=decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else "",
-    )
+    try:
+        request = DecideRequest(
+            approval_id=approval_id,
+            decision=decision,
+            reviewer=reviewer,
+            comment=note,
+            signature=decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else "",
+        )
+    except ValidationError as exc:  # the run would refuse it too: say which argument, before sending
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "decision"
+        label = _DECISION_FIELDS.get(field, field)
+        raise CliError(f"{label}: {first['msg']}", code=EXIT_USAGE) from None
     handle = client.get_workflow_handle(workflow_id)
+    on_interrupt(
+        f"the {decision} decision may or may not have reached run {workflow_id}: see python starter.py "
+        f"pending {workflow_id}"
+    )
     try:
         # cast: the SDK's overloads type an update decorated with a validator as returning a coroutine
         result = cast(
@@ -362,13 +413,18 @@ async def send_decision(
         reason = cause.message if isinstance(cause, ApplicationError) else str(cause)
         raise CliError(f"refused: {reason}") from None
     except RPCTimeoutOrCancelledError:
+        _, desc = await describe_run(client, workflow_id)
+        reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
         raise CliError(
-            f"run {workflow_id}: no answer to the decision within {DECIDE_TIMEOUT.seconds}s (is a worker running?)"
+            f"run {workflow_id}: no answer to the decision ({reason}); it may still take effect: "
+            f"see python starter.py pending {workflow_id}"
         ) from None
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise CliError(f"no running run with id {workflow_id!r}") from None
         raise
+    finally:
+        on_interrupt("")
     if not result.accepted:
         raise CliError(f"refused: {result.message}")
     verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")

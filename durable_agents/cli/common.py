@@ -1,19 +1,53 @@
-"""What every command of ``starter.py`` shares: the error type, the argument parser, JSON output."""
+"""What every command of ``starter.py`` shares: errors, the argument parser, JSON output, and reading a run.
+
+Reading a run never waits in silence: a status query gets a short deadline
+(``QUICK_QUERY_TIMEOUT``), and when no worker answers, :func:`no_answer_reason`
+says why (no worker polls the run's task queue, or its workflow task keeps
+failing) from what the server knows without a worker.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
+from workflows.agent import AgentWorkflow
+from workflows.progress import STATE
+from workflows.types import AgentResult, StatusView
 
-QUERY_TIMEOUT = timedelta(seconds=10)
+# Exit codes (documented in durable_agents/cli/main.py and the README's CLI section).
+EXIT_OK = 0
+EXIT_RUN = 1  # no such run, it did not complete, it refused the request, no worker answered
+EXIT_USAGE = 2  # bad arguments or input, a bad configuration, no Temporal server
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+QUERY_TIMEOUT = timedelta(seconds=10)  # a status query while following a run (a worker is known to be there)
+QUICK_QUERY_TIMEOUT = timedelta(seconds=2)  # status / pending: answer within seconds, worker or not
+PROBE_TIMEOUT = timedelta(seconds=3)  # a closed run's progress: a worker replays its history first
+RPC_TIMEOUT = timedelta(seconds=5)  # server-only reads (describe a task queue, a closed run's result)
+NO_WORKER_AFTER_S = 10.0  # a run that waits this long on a queue nobody polls is said so, once
+T = TypeVar("T")
 # A command: the connected client, its parsed arguments and the process's settings → the exit code.
 Command = Callable[[Client, argparse.Namespace, Settings], Awaitable[int]]
 
@@ -21,7 +55,7 @@ Command = Callable[[Client, argparse.Namespace, Settings], Awaitable[int]]
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit code attached."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = EXIT_RUN) -> None:
         super().__init__(message)
         self.code = code
 
@@ -30,28 +64,55 @@ class Parser(argparse.ArgumentParser):
     """Usage errors become a one-line ``CliError`` with exit code 2 (instead of argparse's usage dump)."""
 
     def error(self, message: str) -> NoReturn:
-        raise CliError(f"{self.prog}: {message} (see --help)", code=2)
+        raise CliError(f"{self.prog}: {message} (see --help)", code=EXIT_USAGE)
+
+
+# --- what Ctrl-C says ---------------------------------------------------------------------
+
+_interrupt_note = ""
+
+
+def on_interrupt(note: str) -> None:
+    """What ``starter.py`` says (after ``interrupted:``) when Ctrl-C stops the command from now on."""
+    global _interrupt_note
+    _interrupt_note = note
+
+
+def interrupt_note() -> str:
+    return _interrupt_note
+
+
+def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
+    since = f" --from {from_offset}" if from_offset else ""
+    return (
+        f"run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
+        f"reattach with: python starter.py watch {workflow_id}{since}"
+    )
+
+
+# --- argument values ----------------------------------------------------------------------
 
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+def _int_between(minimum: int, maximum: int, what: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1, "a positive integer")
-event_offset = _int_at_least(0, "an offset (0 or more)")
+MAX_INT = 1_000_000_000  # far beyond any sensible step count or deadline; bigger numbers are typos
+positive_int = _int_between(1, MAX_INT, f"a positive integer (at most {MAX_INT:,})")
+event_offset = _int_between(0, 2**62, "an offset (0 or more)")
 
 
 def name_list(text: str) -> list[str]:
@@ -61,14 +122,192 @@ def name_list(text: str) -> list[str]:
     return names
 
 
+_LABELS = {
+    "task": "the task",
+    "workflow_id": "the run id",
+    "approval_id": "the approval id",
+    "approvers": "--approver",
+    "policy_file": "--policy",
+    "task_file": "--task-file",
+}
+
+
+def not_utf8(text: str) -> str:
+    """Empty when ``text`` encodes as UTF-8; else where it does not (a byte argv could not decode)."""
+    for index, char in enumerate(text):
+        if "\ud800" <= char <= "\udfff":
+            # Python decodes argv with surrogateescape: undecodable byte 0xNN arrives as U+DCNN.
+            code = ord(char)
+            what = f"byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+            return f"{what} at character {index}"
+    return ""
+
+
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Every text argument is valid UTF-8; else a one-line usage error naming it."""
+    for key, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and (where := not_utf8(text)):
+                label = _LABELS.get(key, f"--{key.replace('_', '-')}")
+                raise CliError(f"{label} is not valid UTF-8 text ({where})", code=EXIT_USAGE)
+
+
+# --- reading a run without waiting in silence -------------------------------------------
+
+
 async def describe_run(
     client: Client, workflow_id: str
 ) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
     """The run's handle and description; a run that does not exist is a one-line ``CliError``."""
     handle = client.get_workflow_handle(workflow_id)
     try:
-        return handle, await handle.describe()
+        return handle, await handle.describe(rpc_timeout=RPC_TIMEOUT)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise CliError(f"no run with id {workflow_id!r}") from None
         raise
+
+
+async def poller_count(client: Client, task_queue: str) -> int | None:
+    """How many workers polled the workflow task queue lately; None when the server does not say."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    try:
+        response = await client.workflow_service.describe_task_queue(request, timeout=RPC_TIMEOUT)
+    except (RPCError, RPCTimeoutOrCancelledError):
+        return None
+    return len(response.pollers)
+
+
+def start_worker_hint(task_queue: str) -> str:
+    return f"start one with: AGENT_TASK_QUEUE={task_queue} python worker.py"
+
+
+def no_worker_line(task_queue: str) -> str:
+    return f"no worker polls task queue {task_queue}"
+
+
+async def no_answer_reason(client: Client, desc: WorkflowExecutionDescription, *, waited: timedelta) -> str:
+    """Why no worker answered the run within ``waited``, in words, from what the server knows without one."""
+    pending = desc.raw_description.pending_workflow_task
+    if desc.raw_description.HasField("pending_workflow_task") and pending.attempt > 1:
+        return (
+            f"its workflow task has failed {pending.attempt - 1} time(s) and is retried: the run is stuck "
+            "(see the worker's log)"
+        )
+    pollers = await poller_count(client, desc.task_queue)
+    if pollers == 0:
+        return _no_pollers(desc.task_queue)
+    if pollers is None:
+        return f"no worker answered within {waited.seconds} s (the server does not say who polls {desc.task_queue})"
+    return (
+        f"no worker answered within {waited.seconds} s (task queue {desc.task_queue} has {pollers} recent "
+        "poller(s): busy, stopped, or replaying a long history)"
+    )
+
+
+def _no_pollers(task_queue: str) -> str:
+    return (
+        f"no worker answered: {no_worker_line(task_queue)}; the run waits for one and loses nothing "
+        f"({start_worker_hint(task_queue)})"
+    )
+
+
+class NoAnswer(Exception):
+    """No worker answered a run's status query; the message says why, e.g. ``no worker answered: ...``."""
+
+
+async def ask_status(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    desc: WorkflowExecutionDescription,
+    *,
+    query_timeout: timedelta = QUICK_QUERY_TIMEOUT,
+) -> StatusView:
+    """A running run's status query; ``NoAnswer`` at once when no worker polls its queue, else after the timeout."""
+    query = asyncio.ensure_future(handle.query(AgentWorkflow.status, rpc_timeout=query_timeout))
+    pollers = asyncio.ensure_future(poller_count(client, desc.task_queue))
+    try:
+        await asyncio.wait({query, pollers}, return_when=asyncio.FIRST_COMPLETED)
+        if not query.done() and await pollers == 0:
+            raise NoAnswer(_no_pollers(desc.task_queue))
+        view = await query
+    except WorkflowQueryFailedError as err:
+        raise NoAnswer(f"its worker could not answer: {err}") from None
+    except (RPCError, RPCTimeoutOrCancelledError):
+        raise NoAnswer(await no_answer_reason(client, desc, waited=query_timeout)) from None
+    finally:
+        query.cancel()
+        pollers.cancel()
+    return StatusView.model_validate(view)
+
+
+def recorded_state(search_attributes: TypedSearchAttributes) -> str | None:
+    """The agent state the run last recorded in its ``AgentState`` search attribute (None: not recorded)."""
+    value = search_attributes.get(STATE)
+    return value or None
+
+
+def temporal_state(status: WorkflowExecutionStatus | None) -> str:
+    return status.name.lower() if status else "unknown"
+
+
+async def ended_state(
+    client: Client,
+    workflow_id: str,
+    run_id: str | None,
+    status: WorkflowExecutionStatus | None,
+    search_attributes: TypedSearchAttributes | None = None,
+) -> str:
+    """A closed run's outcome as the agent reports it: ``completed``, ``failed``, ``cancelled``, ``limit_exceeded``.
+
+    Temporal says ``completed`` for all four (the workflow returns an ``AgentResult``
+    either way); the ``AgentState`` search attribute says which, and without it the
+    result does. Runs that did not return (failed, terminated, timed out) keep Temporal's word.
+    """
+    if status != WorkflowExecutionStatus.COMPLETED:
+        return temporal_state(status)
+    if search_attributes is not None and (state := recorded_state(search_attributes)) in (
+        "completed",
+        "failed",
+        "cancelled",
+        "limit_exceeded",
+    ):
+        return state
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=AgentResult)
+    try:
+        result = await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
+    except (RPCError, RPCTimeoutOrCancelledError, WorkflowFailureError, ValueError, TypeError):
+        return "completed"
+    return result.status if isinstance(result, AgentResult) else "completed"
+
+
+async def warn_when_no_worker(client: Client, workflow_id: str, task_queue: str, *, doing: str) -> None:
+    """From ``NO_WORKER_AFTER_S`` on, check now and then; say once (stderr) when no worker polls the queue.
+
+    Meant to run beside a wait and be cancelled when the wait ends.
+    """
+    while True:
+        await asyncio.sleep(NO_WORKER_AFTER_S)
+        if await poller_count(client, task_queue) == 0:
+            print(
+                f"warning: {no_worker_line(task_queue)}: run {workflow_id} waits until one does, and "
+                f"this command {doing} ({start_worker_hint(task_queue)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+
+
+async def bounded(pending: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """Await each (not yet started) awaitable, at most ``limit`` at a time; results in their order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(awaitable: Awaitable[T]) -> T:
+        async with gate:
+            return await awaitable
+
+    return list(await asyncio.gather(*(one(awaitable) for awaitable in pending)))

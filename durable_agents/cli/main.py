@@ -2,24 +2,53 @@
 
 The environment is read once, by ``Settings.from_env()``, after the arguments
 parsed; each command gets the connected client, its arguments and the settings.
-Every failure is one line on stderr and a non-zero exit: 2 for bad arguments, a
-bad configuration or an unreachable server, 1 for a run that does not exist or did
-not complete.
+The starter never imports operator modules (``AGENT_TOOL_MODULES``,
+``AGENT_PROVIDER_MODULES``): those are the worker's.
+
+A user never sees a traceback. Every failure is one line on stderr, and the exit
+code says which kind it was:
+
+    0    done
+    1    a run-level failure: no such run, the run did not complete (failed,
+         cancelled, limit_exceeded), it refused the request (a decision, a
+         duplicate id), or no worker answered (status / pending / watch)
+    2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
+         --task-file or --policy), a bad configuration, or no Temporal server
+    130  interrupted (Ctrl-C); the run itself goes on, and the line says how to
+         reattach
+
+A reader that closes the output early (``starter.py watch ID | head -1``) ends
+the command quietly with exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import re
 import sys
 from collections.abc import Sequence
 
+from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs, telemetry
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
-from durable_agents.cli.common import CliError, Command, Parser
+from durable_agents.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RUN,
+    EXIT_USAGE,
+    CliError,
+    Command,
+    Parser,
+    check_text_arguments,
+    interrupt_note,
+)
 from durable_agents.cli.run import add_command as add_run_command
 from durable_agents.cli.run import cmd_run
 from durable_agents.cli.runs import (
@@ -65,8 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, configure, connect and run one command; the exit code (see the module docstring)."""
     try:
         args = build_parser().parse_args(argv)
+        check_text_arguments(args)
         settings = Settings.from_env()
         # Library warnings only, on stderr: stdout is the command's output.
         logs.configure(level="WARNING", secrets=settings.secret_values())
@@ -74,10 +105,62 @@ async def main(argv: Sequence[str] | None = None) -> int:
         client = await connect(settings.temporal, plugins=telemetry.temporal_plugins())
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.code if isinstance(err, CliError) else 2
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
+        return err.code if isinstance(err, CliError) else EXIT_USAGE
     except RPCError as err:
-        print(f"error: Temporal refused the request: {err.message}", file=sys.stderr)
-        return 1
+        print(f"error: Temporal refused the request: {one_line(err.message)}", file=sys.stderr)
+        return EXIT_RUN
+    except RPCTimeoutOrCancelledError as err:
+        print(f"error: Temporal did not answer in time: {one_line(str(err))}", file=sys.stderr)
+        return EXIT_RUN
     finally:
         telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``starter.py``: :func:`main` in an event loop, plus what no command can catch itself.
+
+    Ctrl-C cancels the command (asyncio turns it into ``KeyboardInterrupt`` here):
+    one line, with the note the command left (how to reattach), exit 130. A closed
+    stdout (``| head``) ends it quietly: stdout goes to /dev/null, as the Python
+    docs recommend, so nothing fails again when it is flushed at exit.
+    """
+    try:
+        code = asyncio.run(main(argv))
+    except KeyboardInterrupt:
+        note = interrupt_note()
+        _say(f"interrupted{': ' + note if note else ''}")
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _output_closed()
+        return EXIT_OK
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _output_closed()
+        return EXIT_OK
+    return code
+
+
+def one_line(text: str) -> str:
+    """A message on one line, whatever a server or a library put in it."""
+    return re.sub(r"\s*\n\s*", " ", text.strip())
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _output_closed()
+
+
+def _output_closed() -> None:
+    """The reader went away: point stdout and stderr at /dev/null so the exit's flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_RUN", "EXIT_USAGE", "build_parser", "main", "run"]

@@ -25,7 +25,7 @@ from durable_agents.cli.approvals import (
     time_left,
     who_decides,
 )
-from durable_agents.cli.common import CliError
+from durable_agents.cli.common import QUERY_TIMEOUT, CliError
 from workflows.types import PendingApproval
 
 # input() runs here, not in the loop's default executor: asyncio.run() joins that executor on exit,
@@ -88,6 +88,7 @@ class FollowReviewer:
         print(f"       or: {signal}")
         if self.approval_key is not None:
             print("           (unsigned: refused by workers that require signed decisions)")
+        print(f"           (a signal gets no answer: python starter.py status {self.workflow_id} lists refusals)")
         print(f"   reject: {reject}", flush=True)
 
     async def _review_queue(self) -> None:
@@ -109,7 +110,7 @@ class FollowReviewer:
                 self.busy = False
 
     async def _review(self, approval: PendingApproval) -> None:
-        _, view = await running_view(self.client, self.workflow_id)
+        _, view = await running_view(self.client, self.workflow_id, query_timeout=QUERY_TIMEOUT)
         if view is None or approval.approval_id not in {p.approval_id for p in view.pending_approvals}:
             print(f"approval {approval.approval_id} is no longer pending")
             return

@@ -6,33 +6,55 @@ import argparse
 import asyncio
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
     WorkflowFailureError,
     WorkflowHandle,
 )
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
 from durable_agents.cli.approvals import add_run_options, load_run_policy
-from durable_agents.cli.common import QUERY_TIMEOUT, CliError, name_list, positive_int, print_json
+from durable_agents.cli.common import (
+    EXIT_USAGE,
+    QUERY_TIMEOUT,
+    QUICK_QUERY_TIMEOUT,
+    RPC_TIMEOUT,
+    CliError,
+    name_list,
+    on_interrupt,
+    positive_int,
+    print_json,
+    reattach_note,
+    warn_when_no_worker,
+)
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import EventPrinter, events, mode_for
 from workflows.agent import AgentWorkflow
-from workflows.progress import ProgressEvent
+from workflows.progress import MODEL, ProgressEvent
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
 
 SUMMARY_CHARS = 120
 DETAILS_TASK_CHARS = 2000
 DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
+MAX_TASK_BYTES = 1024 * 1024  # a run's input travels in one Temporal payload (2 MB by default)
+WAITING = "keeps waiting (Ctrl-C stops waiting, not the run)"
 
 
 def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     run = sub.add_parser("run", help="start an agent run")
-    run.add_argument("task", help="what the agent should do")
+    run.add_argument("task", nargs="?", help="what the agent should do (or --task-file)")
+    run.add_argument(
+        "--task-file",
+        metavar="FILE",
+        help="read the task from FILE (UTF-8 text; - reads stdin), for tasks longer than the shell allows",
+    )
     # Empty by default: the worker runs the run on its own default model (its AGENT_MODEL).
     run.add_argument("--model", default="", help="e.g. openai:gpt-4o-mini (default: the worker's)")
     run.add_argument("--id", dest="workflow_id", help="workflow id (default: agent-<random>)")
@@ -53,22 +75,11 @@ def ui_link(ui_url: str, namespace: str, workflow_id: str, run_id: str | None) -
 
 
 async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    limits = Limits()
-    if args.max_steps:
-        limits.max_steps = args.max_steps
-    if args.timeout_s:
-        limits.timeout_s = args.timeout_s
-    inp = AgentInput(
-        task=args.task,
-        model=args.model,
-        tools=args.tools,
-        limits=limits,
-        tenant=args.tenant,
-        approvers=args.approvers,
-        policy=load_run_policy(args.policy_file),
-    )
+    inp = run_input(args)
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = settings.temporal.task_queue
+    note = DemoModelNote()
+    on_interrupt(f"run {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
     try:
         handle = await client.start_workflow(
             AgentWorkflow.run,
@@ -78,13 +89,21 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
             static_summary=static_summary(inp),
             static_details=static_details(inp),
         )
+    except WorkflowAlreadyStartedError:
+        raise CliError(
+            f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
+        ) from None
     except RPCError as err:
         if err.status == RPCStatusCode.ALREADY_EXISTS:
-            raise CliError(f"a run with id {workflow_id!r} is already running") from None
+            raise CliError(f"a run with id {workflow_id} is already running") from None
+        if err.status == RPCStatusCode.INVALID_ARGUMENT:
+            raise CliError(f"Temporal refused to start the run: {err.message}", code=EXIT_USAGE) from None
         raise
+    on_interrupt(reattach_note(workflow_id))
     if not args.json:
         print(f"started run {workflow_id} on task queue {task_queue}")
         print(f"  ui: {ui_link(settings.temporal.ui_url, client.namespace, workflow_id, handle.result_run_id)}")
+    note.model(inp.model)
     if not (args.wait or args.follow):
         if args.json:
             print_json({"workflow_id": workflow_id, "run_id": handle.result_run_id})
@@ -96,8 +115,114 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
         reviewer = FollowReviewer(
             client, workflow_id, name, interactive=interactive, approval_key=settings.approval_key
         )
-    result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer)
+    watchdog = asyncio.ensure_future(warn_when_no_worker(client, workflow_id, task_queue, doing=WAITING))
+    try:
+        result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer, note=note)
+    finally:
+        watchdog.cancel()
     return _report(result, args.json, handle, ui_link(settings.temporal.ui_url, client.namespace, handle.id, None))
+
+
+def run_input(args: argparse.Namespace) -> AgentInput:
+    """The workflow input from the arguments; any bad value is a one-line usage error."""
+    chosen = {"max_steps": args.max_steps, "timeout_s": args.timeout_s}
+    try:
+        return AgentInput(
+            task=read_task(args),
+            model=args.model,
+            tools=args.tools,
+            limits=Limits(**{name: value for name, value in chosen.items() if value}),
+            tenant=args.tenant,
+            approvers=args.approvers,
+            policy=load_run_policy(args.policy_file),
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "input"
+        raise CliError(f"invalid run input: {where}: {first['msg']}", code=EXIT_USAGE) from None
+
+
+def read_task(args: argparse.Namespace) -> str:
+    """The task: the argument or ``--task-file`` (``-``: stdin), never both, never empty, always UTF-8."""
+    if args.task is not None and args.task_file is not None:
+        raise CliError("give the task as an argument or with --task-file, not both", code=EXIT_USAGE)
+    if args.task_file is not None:
+        task = _read_task_file(args.task_file)
+    elif args.task is None:
+        raise CliError('run needs a task: starter.py run "TASK" (or --task-file FILE, - for stdin)', code=EXIT_USAGE)
+    else:
+        task = args.task  # main checked it is UTF-8
+    if not task.strip():
+        raise CliError("the task is empty", code=EXIT_USAGE)
+    size = len(task.encode())
+    if size > MAX_TASK_BYTES:
+        raise CliError(f"the task is {size:,} bytes; at most {MAX_TASK_BYTES:,} fit in a run's input", code=EXIT_USAGE)
+    return task
+
+
+def _read_task_file(path: str) -> str:
+    name = "stdin" if path == "-" else path
+    try:
+        if path == "-":
+            if sys.stdin.isatty():
+                print("reading the task from the terminal; end it with Ctrl-D", file=sys.stderr, flush=True)
+            data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
+        else:
+            with Path(path).open("rb") as file:
+                data = file.read(MAX_TASK_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"--task-file {name}: {exc.strerror or exc}", code=EXIT_USAGE) from None
+    if len(data) > MAX_TASK_BYTES:
+        raise CliError(f"--task-file {name}: more than {MAX_TASK_BYTES:,} bytes", code=EXIT_USAGE)
+    try:
+        return data.decode("utf-8").rstrip()
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"--task-file {name}: not UTF-8 text (byte 0x{data[exc.start]:02X} at offset {exc.start})",
+            code=EXIT_USAGE,
+        ) from None
+
+
+class DemoModelNote:
+    """Says once (on stderr) that the offline ``scripted:`` model does not read the task."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def model(self, model: str) -> None:
+        if self.said or not model.startswith("scripted:"):
+            return
+        self.said = True
+        print(
+            f"note: {model} is the offline demo model: it does not read the task, it plays a fixed demo plan "
+            "(for a real model, give the worker OPENAI_API_KEY or ANTHROPIC_API_KEY, or pass --model)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def watch(self, handle: WorkflowHandle[Any, Any]) -> None:
+        """Learn the run's model from its status query (the worker fills it in first); until cancelled."""
+        while not self.said:
+            try:
+                view = StatusView.model_validate(
+                    await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
+                )
+            except (RPCError, RPCTimeoutOrCancelledError, ValueError):
+                view = None  # no worker yet (the watchdog says so), or the run just closed
+            if view is not None and view.model:
+                self.model(view.model)
+                return
+            await asyncio.sleep(0.5)
+
+    async def recorded(self, handle: WorkflowHandle[Any, Any]) -> None:
+        """After the end: the model the run recorded (its ``AgentModel`` search attribute), if not said yet."""
+        if self.said:
+            return
+        try:
+            desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
+        except (RPCError, RPCTimeoutOrCancelledError):
+            return
+        self.model(desc.typed_search_attributes.get(MODEL) or "")
 
 
 def static_summary(inp: AgentInput) -> str:
@@ -132,16 +257,30 @@ def static_details(inp: AgentInput) -> str:
 
 
 async def _follow(
-    client: Client, handle: WorkflowHandle[Any, AgentResult], *, quiet: bool, reviewer: FollowReviewer | None = None
+    client: Client,
+    handle: WorkflowHandle[Any, AgentResult],
+    *,
+    quiet: bool,
+    reviewer: FollowReviewer | None = None,
+    note: DemoModelNote | None = None,
 ) -> AgentResult:
     """Wait for the result; unless quiet, print the run's progress events as they happen.
 
-    A reviewer is shown every approval the run starts waiting for (it prompts or prints commands).
+    A reviewer is shown every approval the run starts waiting for (it prompts or prints commands);
+    the note learns the run's model (quietly: from the status query; followed: at the ``started`` event).
     """
+    note = note or DemoModelNote()
     try:
         if quiet:
-            return await _result(handle, asyncio.ensure_future(handle.result()))
-        return await _follow_stream(client, handle, reviewer=reviewer)
+            learn = asyncio.ensure_future(note.watch(handle))
+            try:
+                result_task = asyncio.ensure_future(handle.result())
+                await asyncio.wait({result_task})
+            finally:
+                learn.cancel()
+            await note.recorded(handle)
+            return await _result(handle, result_task)
+        return await _follow_stream(client, handle, reviewer=reviewer, note=note)
     finally:
         if reviewer is not None:
             await reviewer.close()
@@ -157,8 +296,10 @@ async def _result(handle: WorkflowHandle[Any, AgentResult], result_task: asyncio
 class _FollowPrinter:
     """Progress lines for ``run --follow``: held while an approval prompt is open, then printed in order."""
 
-    def __init__(self, handle: WorkflowHandle[Any, AgentResult], reviewer: FollowReviewer | None) -> None:
-        self.handle, self.reviewer = handle, reviewer
+    def __init__(
+        self, handle: WorkflowHandle[Any, AgentResult], reviewer: FollowReviewer | None, note: DemoModelNote
+    ) -> None:
+        self.handle, self.reviewer, self.note = handle, reviewer, note
         self.printer = EventPrinter(handle.id, mode=mode_for(False, sys.stdout), show_commands=False)
         self.held: list[tuple[int, ProgressEvent]] = []
         self.announced = False
@@ -179,30 +320,27 @@ class _FollowPrinter:
         held, self.held = self.held, []
         for offset, event in held:
             self.printer(offset, event)
+            on_interrupt(reattach_note(self.handle.id, offset + 1))
 
     async def _status(self) -> StatusView | None:
         try:
             return StatusView.model_validate(await self.handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
-        except (RPCError, RPCTimeoutOrCancelledError):
+        except (RPCError, RPCTimeoutOrCancelledError, ValueError):
             return None
 
     async def _announce_model(self) -> None:
         self.announced = True
         view = await self._status()
         if view is not None and view.model:
-            note = (
-                "  (offline deterministic model: no model API key configured)"
-                if view.model.startswith("scripted:")
-                else ""
-            )
-            print(f"model: {view.model}{note}", flush=True)
+            print(f"model: {view.model}", flush=True)
+            self.note.model(view.model)
 
 
 async def _follow_stream(
-    client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None
+    client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None, note: DemoModelNote
 ) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
-    printer = _FollowPrinter(handle, reviewer)
+    printer = _FollowPrinter(handle, reviewer, note)
 
     async def pump() -> None:
         async for offset, event in events(client, handle.id):
@@ -213,9 +351,11 @@ async def _follow_stream(
         waiting: set[asyncio.Future[Any]] = {result_task} if watcher.done() else {result_task, watcher}
         await asyncio.wait(waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
         printer.flush()
-        if watcher.done() and not watcher.cancelled() and watcher.exception() is not None:
+        if watcher.done() and not watcher.cancelled() and (failure := watcher.exception()) is not None:
+            if isinstance(failure, BrokenPipeError):
+                raise failure  # the reader of stdout went away: nothing left to show
             print(
-                f"warning: progress stream unavailable ({watcher.exception()}); polling the run's status",
+                f"warning: progress stream unavailable ({failure}); polling the run's status",
                 file=sys.stderr,
             )
             return await _poll_loop(handle, result_task, reviewer=reviewer)
@@ -223,6 +363,8 @@ async def _follow_stream(
         await asyncio.wait({watcher}, timeout=DRAIN_S)  # the run's last events are on their way
         watcher.cancel()
     [ended] = await asyncio.gather(watcher, return_exceptions=True)
+    if isinstance(ended, BrokenPipeError):
+        raise ended
     if isinstance(ended, Exception):
         print(f"warning: the progress stream ended early ({ended}); progress lines may be missing", file=sys.stderr)
     if reviewer is not None:
@@ -241,8 +383,8 @@ async def _poll_loop(
     last = ""
     while not result_task.done():
         try:
-            view = await handle.query(AgentWorkflow.status)
-        except RPCError:
+            view = StatusView.model_validate(await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
+        except (RPCError, RPCTimeoutOrCancelledError, ValueError):
             view = None  # no worker polling yet, or the run just closed
         if view is not None and not (reviewer is not None and reviewer.busy):
             line = f"[step {view.step}] {view.state}: {view.last_event}"

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from activities.sandbox.base import SandboxUnavailable
 from activities.sandbox.factory import backend_for
 from activities.settings import Settings
-from durable_agents.cli.common import CliError, Parser, positive_int
+from durable_agents.cli.common import EXIT_USAGE, CliError, Parser, positive_int
 from durable_agents.reaping import reap_once
 
 
@@ -26,7 +26,7 @@ async def cmd_sandboxes(client: Client, args: argparse.Namespace, settings: Sett
     try:
         backend = backend_for(settings)
     except SandboxUnavailable as err:
-        raise CliError(str(err), code=2) from None
+        raise CliError(str(err), code=EXIT_USAGE) from None
     report = await reap_once(client, backend, min_age_s=args.min_age)
     print(report.summary())
     return 1 if report.errors else 0

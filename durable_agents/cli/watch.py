@@ -13,6 +13,7 @@ that decide them) and ``plain`` (the same lines without colours).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import inspect
 import json
 import shlex
@@ -25,7 +26,10 @@ from rich.console import Console
 from rich.text import Text
 from temporalio.client import (
     Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
@@ -34,7 +38,20 @@ from temporalio.service import RPCError
 
 from activities.settings import Settings
 from durable_agents.cli.approvals import decide_commands
-from durable_agents.cli.common import CliError, describe_run, event_offset
+from durable_agents.cli.common import (
+    PROBE_TIMEOUT,
+    CliError,
+    describe_run,
+    ended_state,
+    event_offset,
+    no_worker_line,
+    on_interrupt,
+    poller_count,
+    reattach_note,
+    start_worker_hint,
+    warn_when_no_worker,
+)
+from workflows.agent import AgentWorkflow
 from workflows.progress import TOPIC, ProgressEvent
 
 Mode = Literal["json", "rich", "plain"]
@@ -205,18 +222,57 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 async def cmd_watch(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    _, desc = await describe_run(client, args.workflow_id)  # a missing run is a one-line error, not a hang
+    workflow_id = args.workflow_id
+    handle, desc = await describe_run(client, workflow_id)  # a missing run is a one-line error, not a hang
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        await _readable_after_the_end(client, handle, desc)
+
+    def seen(offset: int, event: ProgressEvent) -> None:
+        on_interrupt(reattach_note(workflow_id, offset + 1))
+
+    on_interrupt(reattach_note(workflow_id, args.from_offset))
+    watchdog = asyncio.ensure_future(
+        warn_when_no_worker(client, workflow_id, desc.task_queue, doing="shows its progress once one does")
+    )
     try:
         await watch(
-            client, args.workflow_id, json_lines=args.json, from_offset=args.from_offset, reviewer=settings.reviewer
+            client,
+            workflow_id,
+            json_lines=args.json,
+            from_offset=args.from_offset,
+            on_event=seen,
+            reviewer=settings.reviewer,
         )
     except (WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
-        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.cause or err}") from None
+        raise CliError(f"cannot read the progress of {workflow_id}: {err.cause or err}") from None
     except RPCError as err:
-        hint = (
-            f" (the run has ended; its progress is read from a worker on task queue {desc.task_queue})"
-            if desc.status != WorkflowExecutionStatus.RUNNING
-            else ""
-        )
-        raise CliError(f"cannot read the progress of {args.workflow_id}: {err.message}{hint}") from None
+        raise CliError(f"cannot read the progress of {workflow_id}: {err.message}") from None
+    finally:
+        watchdog.cancel()
     return 0
+
+
+async def _readable_after_the_end(
+    client: Client, handle: WorkflowHandle[Any, Any], desc: WorkflowExecutionDescription
+) -> None:
+    """A closed run's events are read by a query, which a worker answers: check one does, at once.
+
+    Without one, say how the run ended (from the server alone) instead of waiting for a query to time out.
+    """
+    pollers = await poller_count(client, desc.task_queue)
+    if pollers != 0:
+        try:
+            await handle.query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
+            return
+        except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError):
+            pass
+    state = await ended_state(client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
+    why = (
+        f"{no_worker_line(desc.task_queue)} ({start_worker_hint(desc.task_queue)})"
+        if pollers == 0
+        else f"no worker on task queue {desc.task_queue} answered within {PROBE_TIMEOUT.seconds} s"
+    )
+    raise CliError(
+        f"run {desc.id} has ended ({state}); its progress events are read from a worker, and {why}; "
+        f"its outcome: python starter.py status {desc.id}"
+    )
