@@ -165,3 +165,31 @@ async def test_a_valid_input_sent_as_raw_json_still_runs(
         )
         result = await handle.result()
     assert result["status"] == "completed"
+
+
+def test_decoding_messages_are_bounded_and_never_copy_the_input() -> None:
+    from workflows.inputs import MESSAGE_MAX, decode
+    from workflows.types import AgentInput, ApproveSignal
+
+    many_keys = json.dumps({"task": "t", **{f"{'k' * 5000}{i}": 1 for i in range(50)}}).encode()
+    message = decode(raw(many_keys), AgentInput)
+    assert isinstance(message, str) and len(message) <= MESSAGE_MAX and "k" * 100 not in message
+    assert "and 40 more problem(s)" in message
+    huge = decode(raw(json.dumps({"approval_id": "a", "reviewer": "r" * 1_500_000}).encode()), ApproveSignal)
+    assert huge == "reviewer: String should have at most 200 characters"
+    assert decode(raw(b'{"approval_id": "a", "reviewer": "b"}'), ApproveSignal) == ApproveSignal(
+        approval_id="a", reviewer="b"
+    )
+
+
+def test_one_payload_shows_the_sdk_a_single_raw_parameter() -> None:
+    import inspect
+
+    from temporalio.common import _type_hints_from_func
+
+    from workflows.agent import AgentWorkflow
+
+    for handler in (AgentWorkflow.run, AgentWorkflow.approve, AgentWorkflow.reject, AgentWorkflow.resolve):
+        arg_types, _ = _type_hints_from_func(handler)
+        assert arg_types == [RawValue], handler
+        assert len(inspect.signature(handler).parameters) == 2  # self, raw
