@@ -33,7 +33,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -273,8 +273,8 @@ def locked(fd: int, what: str, timeout_s: float) -> Iterator[None]:
 FLATTEN_DEPTH = 32  # deeper directories are moved up before removal, so no chain of fds grows without bound
 
 
-def remove_tree(path: Path) -> None:
-    """Delete ``path`` and everything below it, however deep, whatever its permissions.
+def remove_tree(path: Path, *, budget_s: float | None = None) -> None:
+    """Delete ``path`` and everything below it, however deep or wide, whatever its permissions.
 
     Iterative (``shutil.rmtree`` recurses, and a workspace 1,100 directories deep made
     it raise ``RecursionError``) and fd-relative: each directory is opened from its
@@ -283,7 +283,9 @@ def remove_tree(path: Path) -> None:
     of the tree. Directories nested deeper than ``FLATTEN_DEPTH`` are renamed to the
     top of the tree first, so at most that many fds are open. A directory made
     unreadable (``chmod 000``) is made usable again. Another filesystem mounted inside
-    is never entered (:class:`OSError` ``EBUSY``): unmount it first.
+    is never entered (:class:`OSError` ``EBUSY``): unmount it first. With ``budget_s``,
+    a removal still going after that long (something keeps writing into the tree)
+    stops with :class:`TimeoutError`; what was removed stays removed.
     """
     try:
         root_fd = open_dir(path)
@@ -291,46 +293,64 @@ def remove_tree(path: Path) -> None:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             return  # gone, or not a directory: nothing of ours to walk
         raise
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     device = os.fstat(root_fd).st_dev
     moved = 0
-    stack: list[tuple[int, str, int]] = [(root_fd, "", 0)]  # (fd, name in the parent, depth)
+    stack = [_Frame(root_fd, "", 0)]
     try:
         while stack:
-            fd, _, depth = stack[-1]
-            with os.scandir(fd) as scan:
-                entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in scan]
-            subdirectories = []
-            for name, is_dir in entries:
-                if is_dir:
-                    subdirectories.append(name)
-                else:
-                    _unlink_at(fd, name)
-            if not subdirectories:
-                _, name, _ = stack.pop()
-                os.close(fd)
-                if stack:
-                    _rmdir_at(stack[-1][0], name)
-                continue
-            sub = subdirectories[0]
-            if depth + 1 >= FLATTEN_DEPTH:
-                moved = _move_to_top(fd, sub, root_fd, moved)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(errno.ETIMEDOUT, f"removal still going after {budget_s:g} s", str(path))
+            frame = stack[-1]
+            if not frame.pending:  # (re)scan: unlink what is not a directory, list the directories
+                frame.pending = _clear_files(frame.fd)
+                if not frame.pending:
+                    stack.pop()
+                    os.close(frame.fd)
+                    if stack:
+                        _rmdir_at(stack[-1].fd, frame.name)
+                    continue
+            sub = frame.pending.pop()
+            if frame.depth + 1 >= FLATTEN_DEPTH:
+                moved = _move_to_top(frame.fd, sub, root_fd, moved)
                 continue
             try:
-                child = _open_for_removal(fd, sub)
+                child = _open_for_removal(frame.fd, sub)
             except FileNotFoundError:
                 continue
             except NotADirectoryError:  # replaced by a file or link meanwhile
-                _unlink_at(fd, sub)
+                _unlink_at(frame.fd, sub)
                 continue
             if os.fstat(child).st_dev != device:
                 os.close(child)
                 raise OSError(errno.EBUSY, "a filesystem is mounted inside the tree", sub)
-            stack.append((child, sub, depth + 1))
+            stack.append(_Frame(child, sub, frame.depth + 1))
     finally:
-        for fd, _, _ in stack:
+        for frame in stack:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(frame.fd)
     os.rmdir(path)
+
+
+@dataclass
+class _Frame:
+    fd: int
+    name: str  # in the parent directory
+    depth: int
+    pending: list[str] = field(default_factory=list)  # subdirectories still to remove
+
+
+def _clear_files(fd: int) -> list[str]:
+    """Unlink every entry of the directory ``fd`` that is not a directory; the names of those that are."""
+    with os.scandir(fd) as scan:
+        entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in scan]
+    subdirectories = []
+    for name, is_dir in entries:
+        if is_dir:
+            subdirectories.append(name)
+        else:
+            _unlink_at(fd, name)
+    return subdirectories
 
 
 def _open_for_removal(parent_fd: int, name: str) -> int:

@@ -51,12 +51,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import functools
 import json
 import logging
 import os
 import secrets
+import signal
 import stat
 import time
 from collections.abc import Mapping
@@ -222,10 +224,16 @@ class LocalSandbox:
         bwrap = await backend.bulk.run(
             "checking bubblewrap", CREATE_TIMEOUT_S, functools.partial(require_bwrap, backend.uid_base)
         )
-        spawn = await backend.io.run(
-            "preparing the command", HOST_TIMEOUT_S, functools.partial(self._prepare_sync, bwrap, cwd, argv)
-        )
         limits = backend.limits
+        if self.quota_mechanism == quota.MEASURED:
+            usage = await self._usage()
+            if usage is not None:  # one file may take at most what is left of the quota
+                limits = dataclasses.replace(
+                    limits, fsize_mb=min(limits.fsize_mb, quota.left_mb(usage, limits.disk_mb))
+                )
+        spawn = await backend.io.run(
+            "preparing the command", HOST_TIMEOUT_S, functools.partial(self._prepare_sync, bwrap, cwd, argv, limits)
+        )
         result = await execute(
             spawn,
             stdin=stdin,
@@ -236,9 +244,9 @@ class LocalSandbox:
             monitor=self._over_quota if self.quota_mechanism == quota.MEASURED else None,
             monitor_min_s=quota.MONITOR_MIN_S,
         )
-        return await self._after_command(result)
+        return await self._after_command(result, limits)
 
-    def _prepare_sync(self, bwrap: str, cwd: str, argv: list[str]) -> Spawn:
+    def _prepare_sync(self, bwrap: str, cwd: str, argv: list[str], limits: LocalLimits) -> Spawn:
         self._alive_sync()
         chdir = WORKSPACE
         if cwd:
@@ -251,16 +259,23 @@ class LocalSandbox:
             finally:
                 os.close(root_fd)
             chdir = str(PurePosixPath(WORKSPACE, *parts))
-        return build_spawn(bwrap, self._backend.limits, self.workspace.resolve(), self.owner, chdir, argv)
+        return build_spawn(bwrap, limits, self.workspace.resolve(), self.owner, chdir, argv)
 
-    async def _after_command(self, result: CommandResult) -> CommandResult:
+    async def _after_command(self, result: CommandResult, limits: LocalLimits) -> CommandResult:
         """Say when the command filled the workspace (loop) or left it over the quota (measured: it fails)."""
-        disk_mb = self._backend.limits.disk_mb
+        disk_mb = limits.disk_mb
         if self.quota_mechanism == quota.LOOP:
             note = await self._backend.io.run(
                 "checking the workspace", HOST_TIMEOUT_S, functools.partial(quota.full_note, self.workspace, disk_mb)
             )
             return result.model_copy(update={"stderr": result.stderr + note}) if note else result
+        if result.exit_code == 128 + signal.SIGXFSZ and limits.fsize_mb < self._backend.limits.fsize_mb:
+            result = result.model_copy(
+                update={
+                    "stderr": result.stderr + f"\n[sandbox] (a file may grow to at most the {limits.fsize_mb} MiB "
+                    f"left of the workspace's {disk_mb} MiB quota, {quota.QUOTA_VARIABLE})"
+                }
+            )
         try:
             reason = await self._over_quota()
         except SandboxError as exc:
@@ -638,7 +653,7 @@ class LocalSandboxBackend:
                 if not _same_directory(fd, directory):
                     return False
                 quota.unmount(directory / WORKSPACE_DIR)
-                remove_tree(directory)
+                remove_tree(directory, budget_s=REMOVE_TIMEOUT_S)
         finally:
             os.close(fd)
         return True

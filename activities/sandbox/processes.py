@@ -45,7 +45,7 @@ async def execute(
 ) -> CommandResult:
     """Run ``spawn`` for at most ``timeout_s``; while it runs, its bwrap is in ``running[sandbox_id]``.
 
-    ``monitor`` is awaited every ``monitor_min_s`` or more (20 times its last duration):
+    ``monitor`` is awaited every ``monitor_min_s`` or more (10 times its last duration):
     when it returns a reason, the command is killed and the reason is noted.
     """
     started = time.monotonic()
@@ -157,7 +157,7 @@ async def _watch(monitor: Monitor, min_s: float, objection: list[str]) -> None:
         except Exception:  # a bug in the check must not kill the command
             log.exception("sandbox monitor failed")
             reason = ""
-        interval = max(min_s, 20 * (time.monotonic() - started))
+        interval = max(min_s, 10 * (time.monotonic() - started))
         if reason:
             objection.append(reason)
             return

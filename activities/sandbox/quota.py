@@ -23,13 +23,15 @@ Two mechanisms, chosen per backend by :func:`detect` and recorded per sandbox in
 ``measured`` (everything else: a non-root worker, no loop devices, mount refused)
     The workspace stays a plain directory. Its usage (``st_blocks``, hard links once)
     is counted by a bounded walk (at most ``MAX_ENTRIES`` entries, ``MAX_DEPTH``
-    levels, ``MEASURE_BUDGET_S``) while a command runs (every ``MONITOR_MIN_S`` or
-    more; a command that takes the workspace past the quota is killed), after it ends
-    (the command fails with a message naming the quota) and before every
-    ``write_file`` (refused if it would pass the quota). A command can overshoot
-    the quota by what it writes between two checks; a workspace too big to count
-    (more entries, deeper, slower than the caps) counts as over. Deleting files makes
-    the sandbox usable again.
+    levels, ``MEASURE_BUDGET_S``) before a command starts (its ``RLIMIT_FSIZE`` is
+    lowered to what is left of the quota, at least 1 MiB, so one file cannot overshoot),
+    while it runs (every ``MONITOR_MIN_S``, or 10 times the last walk's duration if
+    longer; a command that takes the workspace past the quota is killed), after it
+    ends (the command fails with a message naming the quota) and before every
+    ``write_file`` (refused if it would pass the quota). A command writing many
+    files can still overshoot by what it writes between two checks; a workspace too
+    big to count (more entries, deeper, slower than the caps) counts as over.
+    Deleting files makes the sandbox usable again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -61,7 +64,7 @@ TOOL_TIMEOUT_S = 20.0
 MAX_ENTRIES = 100_000
 MAX_DEPTH = 64
 MEASURE_BUDGET_S = 5.0
-MONITOR_MIN_S = 0.25  # and at least 20 x the last walk's duration, so that big workspaces are walked rarely
+MONITOR_MIN_S = 0.05  # and at least 10 x the last walk's duration, so that big workspaces are walked rarely
 FULL_BYTES = MIB  # loop mode: less free than this and the command's result says the workspace is full
 
 QUOTA_VARIABLE = "AGENT_SANDBOX_DISK_MB"
@@ -160,6 +163,33 @@ def unmount(path: Path) -> None:
         raise SandboxError(f"cannot unmount the workspace {path}: still mounted")
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path field (spaces, tabs, newlines and backslashes are written as octal escapes)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def unmount_under(root: Path) -> list[str]:
+    """Detach every workspace mounted below ``root``; the mount points it detached.
+
+    For test sessions and operators cleaning up a state directory they are about to
+    delete: sandboxes that were never killed keep their loop-mounted workspace (by
+    design, so that they survive a worker restart), and a plain ``rm -r`` cannot
+    remove a mount point.
+    """
+    prefix = str(Path(root).absolute()).rstrip("/") + "/"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            points = [_unescape(line.split()[4]) for line in fh if len(line.split()) > 4]
+    except OSError:
+        return []
+    detached = []
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        with contextlib.suppress(SandboxError):
+            unmount(Path(point))
+            detached.append(point)
+    return detached
+
+
 def full_note(workspace: Path, disk_mb: int) -> str:
     """Loop mode: a line for the command's result when the workspace is (nearly) full, else ""."""
     try:
@@ -178,6 +208,13 @@ def full_note(workspace: Path, disk_mb: int) -> str:
             f"{QUOTA_VARIABLE}): writes fail with 'No space left on device'; delete files to continue"
         )
     return ""
+
+
+def left_mb(usage: Usage, disk_mb: int) -> int:
+    """Measured mode: whole MiB left of the quota (at least 1, so that a command can still write a little)."""
+    if usage.incomplete:
+        return 1
+    return max(1, (disk_mb * MIB - usage.used_bytes) // MIB)
 
 
 def over_quota(usage: Usage, disk_mb: int) -> str:
@@ -200,8 +237,10 @@ __all__ = [
     "detect",
     "full_note",
     "is_mounted",
+    "left_mb",
     "make_image",
     "mount_image",
     "over_quota",
     "unmount",
+    "unmount_under",
 ]
