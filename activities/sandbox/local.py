@@ -265,9 +265,14 @@ class LocalSandbox:
         """Say when the command filled the workspace (loop) or left it over the quota (measured: it fails)."""
         disk_mb = limits.disk_mb
         if self.quota_mechanism == quota.LOOP:
-            note = await self._backend.io.run(
-                "checking the workspace", HOST_TIMEOUT_S, functools.partial(quota.full_note, self.workspace, disk_mb)
-            )
+            try:
+                note = await self._backend.io.run(
+                    "checking the workspace",
+                    HOST_TIMEOUT_S,
+                    functools.partial(quota.full_note, self.workspace, disk_mb),
+                )
+            except SandboxError:  # only a hint: never lose the command's result over it
+                note = ""
             return result.model_copy(update={"stderr": result.stderr + note}) if note else result
         if result.exit_code == 128 + signal.SIGXFSZ and limits.fsize_mb < self._backend.limits.fsize_mb:
             result = result.model_copy(
