@@ -44,6 +44,7 @@ from durable_agents.cli.common import (
     bounded,
     describe_run,
     ended_state,
+    interrupt_note,
     no_answer_reason,
     no_worker_line,
     on_interrupt,
@@ -341,6 +342,7 @@ async def _decide_command(
     workflow_id, reviewer = args.workflow_id, args.reviewer.strip()
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
+    decide_request(args.approval_id or "ap_0", decision, reviewer, note, "")  # bad input: refused before asking
     state, view = await running_view(client, workflow_id)
     if view is None:
         raise CliError(f"run {workflow_id} is not running ({state}); there is nothing to {decision}")
@@ -367,6 +369,18 @@ async def _decide_command(
     return 0
 
 
+def decide_request(approval_id: str, decision: Decision, reviewer: str, note: str, signature: str) -> DecideRequest:
+    """The ``decide`` update's payload; a value the run would refuse (too long, ...) is a one-line usage error."""
+    try:
+        return DecideRequest(
+            approval_id=approval_id, decision=decision, reviewer=reviewer, comment=note, signature=signature
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "decision"
+        raise CliError(f"{_DECISION_FIELDS.get(field, field)}: {first['msg']}", code=EXIT_USAGE) from None
+
+
 async def send_decision(
     client: Client,
     workflow_id: str,
@@ -384,20 +398,10 @@ async def send_decision(
     """
     key = approval_key.get_secret_value() if approval_key is not None else ""
     expires_at = approval.expires_at if approval else ""
-    try:
-        request = DecideRequest(
-            approval_id=approval_id,
-            decision=decision,
-            reviewer=reviewer,
-            comment=note,
-            signature=decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else "",
-        )
-    except ValidationError as exc:  # the run would refuse it too: say which argument, before sending
-        first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "decision"
-        label = _DECISION_FIELDS.get(field, field)
-        raise CliError(f"{label}: {first['msg']}", code=EXIT_USAGE) from None
+    signature = decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else ""
+    request = decide_request(approval_id, decision, reviewer, note, signature)
     handle = client.get_workflow_handle(workflow_id)
+    before = interrupt_note()  # run --follow's reattach note, restored once the decision is answered
     on_interrupt(
         f"the {decision} decision may or may not have reached run {workflow_id}: see python starter.py "
         f"pending {workflow_id}"
@@ -424,7 +428,7 @@ async def send_decision(
             raise CliError(f"no running run with id {workflow_id!r}") from None
         raise
     finally:
-        on_interrupt("")
+        on_interrupt(before)
     if not result.accepted:
         raise CliError(f"refused: {result.message}")
     verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")

@@ -15,6 +15,7 @@ from temporalio.client import (
     RPCTimeoutOrCancelledError,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -102,7 +103,8 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
     on_interrupt(reattach_note(workflow_id))
     if not args.json:
         print(f"started run {workflow_id} on task queue {task_queue}")
-        print(f"  ui: {ui_link(settings.temporal.ui_url, client.namespace, workflow_id, handle.result_run_id)}")
+        link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, handle.result_run_id)
+        print(f"  ui: {link}", flush=True)  # before a long wait: through a pipe too
     note.model(inp.model)
     if not (args.wait or args.follow):
         if args.json:
@@ -215,14 +217,18 @@ class DemoModelNote:
             await asyncio.sleep(0.5)
 
     async def recorded(self, handle: WorkflowHandle[Any, Any]) -> None:
-        """After the end: the model the run recorded (its ``AgentModel`` search attribute), if not said yet."""
+        """After the end, if not said yet: the model the run recorded (``AgentModel``), else its status query."""
         if self.said:
             return
         try:
             desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
-        except (RPCError, RPCTimeoutOrCancelledError):
+            model = desc.typed_search_attributes.get(MODEL) or ""
+            if not model:
+                answer = await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
+                model = StatusView.model_validate(answer).model
+        except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
             return
-        self.model(desc.typed_search_attributes.get(MODEL) or "")
+        self.model(model)
 
 
 def static_summary(inp: AgentInput) -> str:
