@@ -63,6 +63,8 @@ def start() -> int:
         "127.0.0.1",
         "--port",
         str(port),
+        "--http-port",  # named, so the worker's always-denied list covers Temporal's HTTP API
+        str(SETTINGS.temporal.http_port or port + 10),
         "--ui-port",
         SETTINGS.variable("TEMPORAL_UI_PORT", "8233"),
         "--log-level",
