@@ -322,23 +322,33 @@ async def test_ctrl_c_during_follow_says_the_run_goes_on(
     await handle.terminate("test over")
 
 
-async def test_wait_on_a_queue_nobody_polls_says_so(
+async def test_wait_and_watch_on_a_queue_nobody_polls_say_so(
     address: str, dev_env: WorkflowEnvironment, started: list[Started]
 ) -> None:
     task_queue = nobody()
     workflow_id = f"waiting-{uuid.uuid4().hex[:8]}"
-    waiting = Started(cli_env(address, task_queue), "run", "wait for me", "--id", workflow_id, "--wait")
+    env = cli_env(address, task_queue)
+    waiting = Started(env, "run", "wait for me", "--id", workflow_id, "--wait")
     started.append(waiting)
     await asyncio.to_thread(waiting.expect, "stdout", f"started run {workflow_id}", 15)
-    after_s = await asyncio.to_thread(waiting.expect, "stderr", "no worker polls", 20)
+    watching = Started(env, "watch", workflow_id)
+    started.append(watching)
+    after_s, _ = await asyncio.gather(
+        asyncio.to_thread(waiting.expect, "stderr", "no worker polls", 20),
+        asyncio.to_thread(watching.expect, "stderr", "no worker polls", 20),
+    )
     assert 8 <= after_s <= 15, after_s
-    stopped = await asyncio.to_thread(waiting.interrupt)
-    clean(stopped)
-    assert stopped.returncode == 130
-    warning, interrupted = stopped.stderr.strip().splitlines()
-    assert warning.startswith(f"warning: no worker polls task queue {task_queue}: run {workflow_id} waits"), warning
-    assert f"AGENT_TASK_QUEUE={task_queue} python worker.py" in warning
-    assert interrupted.startswith(f"interrupted: run {workflow_id} goes on"), interrupted
+    for process, doing in ((waiting, "keeps waiting"), (watching, "shows its progress once one does")):
+        stopped = await asyncio.to_thread(process.interrupt)
+        clean(stopped)
+        assert stopped.returncode == 130
+        warning, interrupted = stopped.stderr.strip().splitlines()
+        assert warning.startswith(f"warning: no worker polls task queue {task_queue}: run {workflow_id} waits")
+        assert doing in warning and f"AGENT_TASK_QUEUE={task_queue} python worker.py" in warning, warning
+        assert interrupted == (
+            f"interrupted: run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
+            f"reattach with: python starter.py watch {workflow_id}"
+        )
     await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
 
 

@@ -159,3 +159,25 @@ async def test_pending_without_the_search_attribute_asks_every_running_run(
 
     assert sorted(row["workflow_id"] for row in rows) == sorted(waiting), stderr
     assert len(rows) == 55
+
+
+async def test_pending_does_not_ask_runs_no_worker_polls_for(plain_env: WorkflowEnvironment) -> None:
+    """Runs on a task queue nobody polls are counted in one warning, not each asked (and waited for)."""
+    client = plain_env.client
+    address = client.service_client.config.target_host
+    queue = "nobody-polls-this"
+    await asyncio.gather(*(start_agent(client, queue, id_prefix="idle") for _ in range(40)))
+    deadline = time.monotonic() + DEADLINE_S
+    while True:  # visibility lags a little
+        began = time.monotonic()
+        shown = await asyncio.to_thread(_pending, address)
+        took = time.monotonic() - began
+        if "40 run(s)" in shown.stderr or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert shown.returncode == 0 and json.loads(shown.stdout) == [], shown.stderr
+    assert shown.stderr.strip().splitlines() == [
+        f"warning: 40 run(s) on task queue {queue} may wait for approvals, but no worker polls task queue {queue} "
+        f"to show them (start one with: AGENT_TASK_QUEUE={queue} python worker.py)"
+    ]
+    assert took < 5, took  # each would have been a query timeout

@@ -24,11 +24,11 @@ from temporalio.client import (
     RPCTimeoutOrCancelledError,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
-    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
 from temporalio.common import TypedSearchAttributes
+from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
@@ -280,7 +280,7 @@ async def ended_state(
     handle = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=AgentResult)
     try:
         result = await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
-    except (RPCError, RPCTimeoutOrCancelledError, WorkflowFailureError, ValueError, TypeError):
+    except (RPCError, RPCTimeoutOrCancelledError, TemporalError, ValueError, TypeError):
         return "completed"
     return result.status if isinstance(result, AgentResult) else "completed"
 

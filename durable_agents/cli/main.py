@@ -11,7 +11,8 @@ code says which kind it was:
     0    done
     1    a run-level failure: no such run, the run did not complete (failed,
          cancelled, limit_exceeded), it refused the request (a decision, a
-         duplicate id), or no worker answered (status / pending / watch)
+         duplicate id), or no worker answered (status / pending / watch);
+         also an internal error (a bug), named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
          --task-file or --policy), a bad configuration, or no Temporal server
     130  interrupted (Ctrl-C); the run itself goes on, and the line says how to
@@ -29,7 +30,9 @@ import contextlib
 import os
 import re
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError
@@ -113,6 +116,11 @@ async def main(argv: Sequence[str] | None = None) -> int:
     except RPCTimeoutOrCancelledError as err:
         print(f"error: Temporal did not answer in time: {one_line(str(err))}", file=sys.stderr)
         return EXIT_RUN
+    except BrokenPipeError:
+        raise  # run() ends quietly
+    except Exception as err:  # a bug: still one line, with where it happened
+        print(f"error: internal error: {_where(err)}: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
+        return EXIT_RUN
     finally:
         telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
 
@@ -145,6 +153,12 @@ def run(argv: Sequence[str] | None = None) -> int:
 def one_line(text: str) -> str:
     """A message on one line, whatever a server or a library put in it."""
     return re.sub(r"\s*\n\s*", " ", text.strip())
+
+
+def _where(err: BaseException) -> str:
+    """``file.py:123`` of the innermost frame of the error's traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
 
 
 def _say(line: str) -> None:

@@ -21,6 +21,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
+from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
 from activities.settings import Settings
@@ -115,7 +116,7 @@ async def _why_it_ended(client: Client, desc: WorkflowExecutionDescription) -> s
         await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
     except WorkflowFailureError as err:
         return str(err.cause or err)
-    except (RPCError, RPCTimeoutOrCancelledError):
+    except (RPCError, RPCTimeoutOrCancelledError, TemporalError):
         return ""
     return ""
 
