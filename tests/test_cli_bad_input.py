@@ -463,7 +463,7 @@ async def test_scripted_demo_says_the_task_is_not_read(
     address: str, dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
 ) -> None:
     named = await asyncio.to_thread(starter, cli_env(address), "run", "x", "--model", "scripted:demo", "--json")
-    one_line(named, 0, "note: scripted:demo is the offline demo model: it does not read the task")
+    one_line(named, 0, "note: scripted:demo is the offline demo model: the task is not read by a real model")
     await dev_env.client.get_workflow_handle(json.loads(named.stdout)["workflow_id"]).terminate("test over")
 
     # The worker's default model: the starter learns it from the run.
@@ -472,6 +472,6 @@ async def test_scripted_demo_says_the_task_is_not_read(
         waited = await asyncio.to_thread(starter, env, "run", "hello", "--tools", "http_request", "--wait")
         followed = await asyncio.to_thread(starter, env, "run", "hello", "--tools", "http_request", "--follow")
     for result in (waited, followed):
-        one_line(result, 0, "does not read the task, it plays a fixed demo plan")
+        one_line(result, 0, "the task is not read by a real model, it plays a fixed demo plan")
         assert "status: completed" in result.stdout
     assert "model: scripted:demo" in followed.stdout

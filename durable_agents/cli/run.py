@@ -196,8 +196,8 @@ class DemoModelNote:
             return
         self.said = True
         print(
-            f"note: {model} is the offline demo model: it does not read the task, it plays a fixed demo plan "
-            "(for a real model, give the worker OPENAI_API_KEY or ANTHROPIC_API_KEY, or pass --model)",
+            f"note: {model} is the offline demo model: the task is not read by a real model, it plays a fixed "
+            "demo plan (for a real one, give the worker OPENAI_API_KEY or ANTHROPIC_API_KEY, or pass --model)",
             file=sys.stderr,
             flush=True,
         )
