@@ -84,7 +84,13 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's arguments; reads nothing from the environment."""
-    parser = Parser(prog="starter.py", description="Start and inspect durable agent runs.")
+    parser = Parser(
+        prog="starter.py",
+        description="Start and inspect durable agent runs.",
+        epilog="Exit codes: 0 done; 1 no such run, the run did not complete, it refused the request, or no worker "
+        "answered; 2 bad usage or input, a bad configuration, or no Temporal server; "
+        "130 interrupted (the run goes on).",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_run_command(sub)
     add_watch_command(sub)
