@@ -161,7 +161,10 @@ def run_worker_process(tmp_path: Path, **env: str) -> subprocess.CompletedProces
         ({"AGENT_PRICES": "/nonexistent/prices.json"}, "AGENT_PRICES"),
         ({"AGENT_LOG_LEVEL": "LOUD"}, "AGENT_LOG_LEVEL"),
         ({"AGENT_SANDBOX": "nonsense"}, "AGENT_SANDBOX"),
-        ({"AGENT_STORE_URL": "/dev/null/store.sqlite3"}, "AGENT_STORE_URL=/dev/null/store.sqlite3: the run store cannot"),
+        (
+            {"AGENT_STORE_URL": "/dev/null/store.sqlite3"},
+            "AGENT_STORE_URL=/dev/null/store.sqlite3: the run store cannot",
+        ),
         ({"AGENT_STORE_URL": "postgresql://agent:pw@127.0.0.1:1/agents"}, "AGENT_STORE_URL=postgresql://agent:***@"),
         ({"AGENT_SANDBOX": "e2b"}, "AGENT_SANDBOX=e2b: AGENT_SANDBOX=e2b needs E2B_API_KEY"),
     ],
