@@ -24,7 +24,9 @@ from activities.sandbox.factory import backend_for
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url
-from activities.tools.registry import ToolRegistry
+from activities.subagents import load_subagents
+from activities.tools.registry import RESERVED_NAMES, ToolRegistry
+from workflows.types import SubagentDef
 
 STARTUP_CHECK_WORKFLOW = "__durable_agents_startup_check__"  # a read that touches the store, never a run
 
@@ -36,6 +38,7 @@ class Runtime:
     providers: ProviderPool
     prices: PriceTable = field(default_factory=PriceTable)
     policy: dict[str, Any] = field(default_factory=dict)  # the operator's policy, snapshotted into each run
+    subagents: dict[str, SubagentDef] = field(default_factory=dict)  # AGENT_SUBAGENTS_FILE, snapshotted too
     search_attributes_ready: bool = False  # set by the plugin once it checked the namespace
     _sandbox_backend: SandboxBackend | None = field(default=None, repr=False)
     _store: RunStore | None = field(default=None, repr=False)
@@ -66,6 +69,7 @@ class Runtime:
             providers=pool,
             prices=PriceTable.load(settings.prices_file),
             policy=load_policy(settings.policy_file),
+            subagents=load_subagents(settings.subagents_file, tools.names(), RESERVED_NAMES),
         )
 
     @property

@@ -132,6 +132,7 @@ class Settings:
     state_dir: Path = DEFAULT_STATE_DIR
     prices_file: str = ""
     policy_file: str = ""
+    subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
     approval_key: SecretStr | None = None
     reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
     # The rest of the environment, for operator extensions (``variable``); never printed.
@@ -185,6 +186,7 @@ class Settings:
             state_dir=state_dir,
             prices_file=reader.text("AGENT_PRICES"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
+            subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
             reviewer=reader.text("USER") or "cli",
             environ=MappingProxyType(env),

@@ -107,6 +107,7 @@ class AgentWorkflow:
         self._state: RunState = "running"
         self._step = 0
         self._usage = Usage()
+        self._children_usage = Usage()
         self._model = ""
         self._output = ""
         self._last_event = "starting"
@@ -137,6 +138,8 @@ class AgentWorkflow:
             refused=self._book.refused,
             refused_total=self._book.refused_total,
             refused_counts=dict(self._book.refused_counts),
+            own_usage=_minus(self._usage, self._children_usage),
+            children_usage=self._children_usage,
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -281,12 +284,15 @@ class AgentWorkflow:
         workflow.patched(SEARCH_ATTRIBUTES_PATCH)
         carry = inp.carry or await self._fresh_carry(inp)
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
+        self._children_usage = carry.children_usage
         self._search_attributes = carry.search_attributes
         if inp.carry is None:
             self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}")
         self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
-        self._tools = ToolCallRunner(self._book, self._emit, self._operator_policy, self._run_policy)
+        self._tools = ToolCallRunner(
+            self._book, self._emit, self._operator_policy, self._run_policy, on_usage=self._usage_changed
+        )
         try:
             return await self._loop(inp, carry)
         except (asyncio.CancelledError, ActivityError) as err:
@@ -297,6 +303,9 @@ class AgentWorkflow:
             report = await asyncio.shield(asyncio.ensure_future(self._compensate(carry)))
             await asyncio.shield(asyncio.ensure_future(self._cleanup(carry)))
             return self._finish("cancelled", "the run was cancelled." + report)
+
+    def _usage_changed(self, carry: Carry) -> None:
+        self._usage, self._children_usage = carry.usage, carry.children_usage
 
     async def _compensate(self, carry: Carry) -> str:
         """Undo completed side effects that declare a compensation (newest first); report all of them."""
@@ -333,7 +342,7 @@ class AgentWorkflow:
         try:
             config = await workflow.execute_local_activity(
                 "run_config",
-                RunConfigRequest(model=inp.model, tools=inp.tools),
+                RunConfigRequest(model=inp.model, tools=inp.tools, subagents=inp.subagents),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
                 retry_policy=RetryPolicy(
@@ -357,6 +366,7 @@ class AgentWorkflow:
             policy=config.policy,
             signing_required=config.signing_required,
             search_attributes=config.search_attributes,
+            subagents=config.subagents,
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
         )
 
@@ -399,6 +409,7 @@ class AgentWorkflow:
                 await self._cleanup(carry)
                 return self._finish("completed", turn.text)
             await self._tools.run_turn(inp, carry, turn)
+            self._usage, self._children_usage = carry.usage, carry.children_usage
 
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
         request = ModelRequest(
@@ -408,6 +419,7 @@ class AgentWorkflow:
             transcript_len=carry.transcript_len,
             append=carry.pending,
             tools=carry.tools,
+            subagents={name: d.description for name, d in carry.subagents.items()},
         )
         turn: ModelTurn = await workflow.execute_activity(
             "model",
@@ -494,6 +506,14 @@ def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:
     if longest > MAX_APPROVAL_TIMEOUT_S:
         raise _invalid_input(f"{where}: approval_timeout_s must be at most {MAX_APPROVAL_TIMEOUT_S} (365 days)")
     return policy
+
+
+def _minus(total: Usage, part: Usage) -> Usage:
+    return Usage(
+        input_tokens=total.input_tokens - part.input_tokens,
+        output_tokens=total.output_tokens - part.output_tokens,
+        cost_usd=round(total.cost_usd - part.cost_usd, 8),
+    )
 
 
 def _invalid_input(problem: str) -> ApplicationError:

@@ -6,21 +6,28 @@ one result at its own transcript position, whatever happens to it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ChildWorkflowError, is_cancelled_exception
+from temporalio.workflow import ParentClosePolicy
 
 from workflows.approvals import ApprovalBook
 from workflows.identity import approval_id, idempotency_key, sandbox_id_for
+from workflows.limits import deadline
 from workflows.narration import cause_text, tool_error, tool_summary
 from workflows.policy import Decision, Policy, decide
 from workflows.types import (
     AgentInput,
+    AgentResult,
     Carry,
+    Limits,
+    Message,
     ModelTurn,
     PendingApproval,
     SandboxRef,
@@ -33,14 +40,25 @@ from workflows.types import (
 )
 
 Emit = Callable[..., None]
+# Several read-only tool calls of one turn run concurrently (runs recorded before run them one by one).
+PARALLEL_TOOLS_PATCH = "parallel-tool-calls-v1"
+MAX_SUBAGENT_RESULT_CHARS = 32 * 1024  # of a child's output, as the parent's tool result
 
 
 class ToolCallRunner:
-    def __init__(self, book: ApprovalBook, emit: Emit, operator_policy: Policy, run_policy: Policy | None) -> None:
+    def __init__(
+        self,
+        book: ApprovalBook,
+        emit: Emit,
+        operator_policy: Policy,
+        run_policy: Policy | None,
+        on_usage: Callable[[Carry], None] | None = None,
+    ) -> None:
         self.book = book
         self.emit = emit
         self.operator_policy = operator_policy
         self.run_policy = run_policy
+        self.on_usage = on_usage
         self.sandbox_failure = ""
 
     async def run_turn(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
@@ -63,21 +81,124 @@ class ToolCallRunner:
             for call in turn.tool_calls
             if not call.error and decisions[call.id].verdict == "ask"
         }
-        for index, call in enumerate(turn.tool_calls):
-            seq = base + index
-            refusal = call.error
-            if not refusal and decisions[call.id].verdict == "deny":
-                refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
-            if not refusal and call.id in approvals:
-                refusal = await self._await_approval(carry, call, approvals[call.id])
-            refusal = refusal or await self._ensure_sandbox(inp, carry, call)
-            if refusal:
-                self.emit("tool_finished", f"turn {carry.step}: {call.name} not run", call.name, ok=False)
-                carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
-                continue
-            self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
-            await self._execute_tool(inp, carry, call, decisions[call.id], index, seq)
+
+        async def one(index: int, call: ToolCall) -> None:
+            await self._run_call(inp, carry, call, decisions, approvals, index, base + index)
+
+        for group in self._groups(turn.tool_calls):
+            if len(group) == 1:
+                await one(group[0], turn.tool_calls[group[0]])
+            else:  # concurrent; each call still writes its own position
+                await asyncio.gather(*(one(index, turn.tool_calls[index]) for index in group))
         carry.transcript_len = base + len(turn.tool_calls)
+
+    def _groups(self, calls: list[ToolCall]) -> list[list[int]]:
+        """Call indexes in call order, grouped: consecutive concurrent calls together, every other call alone.
+
+        Sub-agents (their own runs, sandboxes and budgets) and read-only tools outside the sandbox
+        run concurrently; side-effecting and sandbox tools run one at a time, in call order.
+        """
+        groups: list[list[int]] = []
+        readonly = [c for c in calls if not c.subagent and not c.side_effect and not c.uses_sandbox]
+        # Decided only for turns it changes, so that recorded runs replay their sequential commands.
+        parallel_tools = len(readonly) > 1 and workflow.patched(PARALLEL_TOOLS_PATCH)
+        previous = False
+        for index, call in enumerate(calls):
+            concurrent = call.subagent or (
+                parallel_tools and not call.subagent and not call.side_effect and not call.uses_sandbox
+            )
+            if concurrent and previous:
+                groups[-1].append(index)
+            else:
+                groups.append([index])
+            previous = concurrent
+        return groups
+
+    async def _run_call(
+        self,
+        inp: AgentInput,
+        carry: Carry,
+        call: ToolCall,
+        decisions: dict[str, Decision],
+        approvals: dict[str, str],
+        index: int,
+        seq: int,
+    ) -> None:
+        refusal = call.error
+        if not refusal and decisions[call.id].verdict == "deny":
+            refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
+        if not refusal and call.id in approvals:
+            refusal = await self._await_approval(carry, call, approvals[call.id])
+        if not call.subagent:
+            refusal = refusal or await self._ensure_sandbox(inp, carry, call)
+        if refusal:
+            self.emit("tool_finished", f"turn {carry.step}: {call.name} not run", call.name, ok=False)
+            carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
+            return
+        self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
+        if call.subagent:
+            await self._delegate(inp, carry, call, index, seq)
+        else:
+            await self._execute_tool(inp, carry, call, decisions[call.id], index, seq)
+
+    async def _delegate(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
+        """Run the sub-agent as a child ``AgentWorkflow``; its output becomes the call's result."""
+        text, ok = await self._child_result(inp, carry, call, index)
+        self.emit(
+            "tool_finished",
+            f"turn {carry.step}: {call.name} {'ok' if ok else 'failed'}",
+            call.name,
+            ok=ok,
+            preview=text[:200],
+        )
+        message = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=not ok)
+        carry.pending.append(TranscriptEntry(seq=seq, message=message))
+
+    async def _child_result(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int) -> tuple[str, bool]:
+        definition = carry.subagents.get(call.name)
+        if definition is None:  # validated by the model activity against this same list
+            return f"Error: unknown sub-agent {call.name!r}.", False
+        if inp.depth >= inp.limits.max_depth:
+            return f"Error: max_depth reached ({inp.limits.max_depth}); {call.name} was not started.", False
+        limits = child_limits(definition.limits or Limits(), inp.limits, carry, workflow.now().timestamp())
+        if isinstance(limits, str):
+            return f"Error: {limits}; {call.name} was not started.", False
+        info = workflow.info()
+        task = str(call.arguments.get("task", ""))
+        child = AgentInput(
+            task=task,
+            model=definition.model,
+            tools=definition.tools,
+            system_prompt=definition.system_prompt,
+            limits=limits,
+            policy=child_policy(inp.policy, definition.policy),
+            approvers=inp.approvers,
+            tenant=inp.tenant,
+            subagents=dict(carry.subagents),
+            depth=inp.depth + 1,
+        )
+        child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
+        try:
+            result: AgentResult = await workflow.execute_child_workflow(
+                "AgentWorkflow",
+                child,
+                id=child_id,
+                result_type=AgentResult,
+                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+                static_summary=f"{call.name} for {info.workflow_id}: {task[:200]}",
+            )
+        except ChildWorkflowError as err:
+            if is_cancelled_exception(err):
+                raise
+            return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
+        carry.children_usage = carry.children_usage.plus(result.usage)
+        carry.usage = carry.usage.plus(result.usage)
+        if self.on_usage is not None:
+            self.on_usage(carry)
+        text = result.output[:MAX_SUBAGENT_RESULT_CHARS]
+        if result.status != "completed":
+            text += f"\n[sub-agent {call.name} ({child_id}) ended {result.status} after {result.steps} steps]"
+        return text, result.status == "completed"
 
     def _policy_for(self, call: ToolCall) -> Decision:
         return decide(
@@ -252,3 +373,47 @@ class ToolCallRunner:
             return self.sandbox_failure
         carry.sandbox_id = ref.sandbox_id
         return ""
+
+
+def child_limits(own: Limits, parent: Limits, carry: Carry, now: float) -> Limits | str:
+    """The sub-agent's limits capped by what the parent has left, or why nothing is left."""
+    tokens = parent.max_tokens - carry.usage.total_tokens
+    if tokens < 1:
+        return f"max_tokens={parent.max_tokens} reached"
+    cost = own.max_cost_usd
+    if parent.max_cost_usd:
+        left = round(parent.max_cost_usd - carry.usage.cost_usd, 8)
+        if left <= 0:
+            return f"max_cost_usd={parent.max_cost_usd} reached"
+        cost = min(cost, left) if cost else left
+    seconds = int(deadline(parent, carry) - now)
+    if seconds < 1:
+        return f"timeout_s={parent.timeout_s} reached"
+    return own.model_copy(
+        update={
+            "max_tokens": min(own.max_tokens, tokens),
+            "max_cost_usd": cost,
+            "timeout_s": min(own.timeout_s, seconds),
+            "max_depth": min(own.max_depth, parent.max_depth),
+        }
+    )
+
+
+def child_policy(parent: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The child's run policy: never looser than the parent's.
+
+    Rules are first-match. The sub-agent's ``deny`` rules come first (nothing is stricter), then
+    the parent's rules in their order, then the sub-agent's ``ask`` rules (they only decide calls
+    no parent rule matched, where the default is ``allow`` or ``ask``). Its ``allow`` rules are
+    dropped: they could loosen the parent's defaults.
+    """
+    own_rules = [r for r in own.get("rules", []) if isinstance(r, dict)]
+    rules = [
+        *(r for r in own_rules if r.get("decision") == "deny"),
+        *parent.get("rules", []),
+        *(r for r in own_rules if r.get("decision") == "ask"),
+    ]
+    merged = {**parent, "rules": rules}
+    if "approval_timeout_s" in own:
+        merged["approval_timeout_s"] = min(own["approval_timeout_s"], parent.get("approval_timeout_s", 10**9))
+    return merged

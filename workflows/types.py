@@ -32,6 +32,10 @@ MAX_NOTE_CHARS = 4000  # a decision's comment or reason
 MAX_SIGNATURE_CHARS = 256
 MAX_APPROVAL_TIMEOUT_S = 365 * 24 * 3600  # of any policy rule (a run's own policy or the operator's)
 MAX_CARRIED_EVENTS = 2_000  # progress events a continued run may be handed (it keeps STREAM_RETAIN)
+MAX_SUBAGENTS = 50
+MAX_DEPTH = 10  # of sub-agent delegation
+MAX_DESCRIPTION_CHARS = 2000
+SUBAGENT_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
@@ -48,6 +52,24 @@ class Limits(BaseModel):
     max_tokens: int = Field(default=200_000, ge=1, le=MAX_TOKENS)
     max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
     timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)
+    max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # of sub-agent delegation (0: none)
+
+
+SubagentName = Annotated[str, Field(pattern=SUBAGENT_NAME_PATTERN)]
+
+
+class SubagentDef(BaseModel):
+    """A sub-agent: to the parent's model a tool named after it, taking ``{"task": str}``; run as a child run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)
+    model: Name = ""  # empty: the worker's default model
+    tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)  # None: every registered tool
+    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)
+    limits: Limits | None = None  # None: the defaults; always capped by the parent's remaining budget
+    policy: dict[str, Any] = Field(default_factory=dict)  # can only tighten the parent's run policy
+    share_sandbox: bool = False
 
 
 class Usage(BaseModel):
@@ -107,6 +129,8 @@ class Carry(BaseModel):
     continued: int = 0
     refused: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
     refused_counts: dict[Annotated[str, Field(max_length=40)], int] = Field(default_factory=dict, max_length=40)
+    subagents: dict[SubagentName, SubagentDef] = Field(default_factory=dict, max_length=MAX_SUBAGENTS)
+    children_usage: Usage = Field(default_factory=Usage)  # what child runs spent (included in ``usage``)
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -158,6 +182,12 @@ class AgentInput(BaseModel):
     approvers: list[Name] = Field(default_factory=list, max_length=MAX_APPROVERS)
     tenant: Name = ""
     system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)
+    # None: every operator-defined sub-agent; a list enables operator-defined ones by name; a dict
+    # adds its own (or replaces operator-defined ones of the same name) to the operator's.
+    subagents: dict[SubagentName, SubagentDef] | list[SubagentName] | None = Field(
+        default=None, max_length=MAX_SUBAGENTS
+    )
+    depth: int = Field(default=0, ge=0, le=MAX_DEPTH)  # of delegation: 0 for a run started from outside
     carry: Carry | None = None  # set only by continue-as-new
 
     @field_validator("task")
@@ -260,6 +290,8 @@ class StatusView(BaseModel):
     # validator never reach the run (their caller got the reason) and are not counted.
     refused_total: int = 0
     refused_counts: dict[str, int] = Field(default_factory=dict)
+    own_usage: Usage = Field(default_factory=Usage)  # this run's model turns (``usage`` minus children)
+    children_usage: Usage = Field(default_factory=Usage)  # what its child runs spent
 
 
 # --- transcript -----------------------------------------------------------------
@@ -295,6 +327,7 @@ class TranscriptEntry(BaseModel):
 class RunConfigRequest(BaseModel):
     model: str = ""
     tools: list[str] | None = None
+    subagents: dict[str, SubagentDef] | list[str] | None = None
 
 
 class RunConfig(BaseModel):
@@ -305,6 +338,7 @@ class RunConfig(BaseModel):
     policy: dict[str, Any] = Field(default_factory=dict)  # the operator's policy (workflows.policy.Policy)
     signing_required: bool = False
     search_attributes: bool = False  # the worker found the Agent* search attributes registered
+    subagents: dict[str, SubagentDef] = Field(default_factory=dict)  # the run's sub-agents, resolved
 
 
 class ModelRequest(BaseModel):
@@ -314,6 +348,7 @@ class ModelRequest(BaseModel):
     transcript_len: int  # entries [0, transcript_len) form the prompt, after ``append``
     append: list[TranscriptEntry] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
+    subagents: dict[str, str] = Field(default_factory=dict)  # sub-agent name -> description (offered as tools)
 
 
 class ToolCall(BaseModel):
@@ -335,6 +370,7 @@ class ToolCall(BaseModel):
     max_attempts: int = 3
     heartbeat_s: int = 0
     compensable: bool = False
+    subagent: bool = False  # a delegation to the sub-agent of this name (a child run), not a tool activity
 
 
 class ModelTurn(BaseModel):

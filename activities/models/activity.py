@@ -20,6 +20,8 @@ from activities.heartbeat import heartbeating
 from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
 from activities.redaction import redact
 from activities.runtime import Runtime
+from activities.subagents import resolve
+from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
 from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
@@ -45,7 +47,12 @@ class ModelActivities:
             raise ApplicationError(
                 f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
             )
+        try:
+            subagents = resolve(self._rt.subagents, req.subagents, known, RESERVED_NAMES)
+        except ValueError as exc:
+            raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
         return RunConfig(
+            subagents=subagents,
             model=model,
             tools=known if req.tools is None else list(dict.fromkeys(req.tools)),
             policy=self._rt.policy,
@@ -75,6 +82,7 @@ class ModelActivities:
         except FatalProviderError as exc:  # a worker without this run's provider: no retry can help
             raise ApplicationError(exc.message, type="ModelRejected", non_retryable=True) from None
         definitions = self._rt.tools.definitions(req.tools)
+        definitions += [subagent_definition(name, text) for name, text in req.subagents.items()]
         secrets = self._rt.settings.secret_values()
         log.debug("model_request", messages=len(transcript), tools=req.tools)
         # GenAI semantic conventions; no prompt or completion content is ever put on the span.
@@ -135,7 +143,10 @@ class ModelActivities:
             text=text[:MAX_TEXT_IN_HISTORY],
             text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
             tool_calls=[
-                self._rt.tools.validate_call(call, req.tools, self._rt.settings) for call in message.tool_calls
+                subagent_call(call)
+                if call.name in req.subagents and call.name not in self._rt.tools
+                else self._rt.tools.validate_call(call, req.tools, self._rt.settings)
+                for call in message.tool_calls
             ],
             usage=Usage.model_validate(meta.get("usage", {})),
             finish_reason=str(meta.get("finish_reason", "")),

@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterable
 from types import ModuleType
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from activities.modules import import_extension
 from activities.settings import ConfigurationError, Settings
 from activities.tools.spec import ToolSpec, spec_of
-from workflows.types import RecordedToolCall, ToolCall
+from workflows.types import MAX_TASK_CHARS, RecordedToolCall, ToolCall
 
 MAX_ARGUMENTS_BYTES = 64 * 1024
 # Activity types the runtime registers itself; a tool's activity type is its name, so these are taken.
@@ -138,6 +138,31 @@ class ToolRegistry:
                 id=raw.id, name=raw.name, error=f"Error: {raw.name} refused: {refusal}. It was not run.", **flags
             )
         return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **flags)
+
+
+class SubagentArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS, description="What the sub-agent should do")
+
+
+def subagent_definition(name: str, description: str) -> dict[str, object]:
+    """A sub-agent as the model sees it: a tool of its name taking ``{"task": str}``."""
+    return {"name": name, "description": description, "parameters": SubagentArgs.model_json_schema()}
+
+
+def subagent_call(raw: RecordedToolCall) -> ToolCall:
+    """A call to a sub-agent, validated like a tool call: problems become ``error`` text for the model."""
+    size = len(raw.arguments_json.encode())
+    if size > MAX_ARGUMENTS_BYTES:
+        error = f"Error: arguments for {raw.name} are {size} bytes; the limit is {MAX_ARGUMENTS_BYTES}."
+        return ToolCall(id=raw.id, name=raw.name, error=error, subagent=True)
+    try:
+        args = SubagentArgs.model_validate_json(raw.arguments_json or "{}")
+    except ValidationError as exc:
+        error = f"Error: invalid arguments for {raw.name}: {_format_validation_error(exc)}"
+        return ToolCall(id=raw.id, name=raw.name, error=error, subagent=True)
+    return ToolCall(id=raw.id, name=raw.name, arguments=args.model_dump(), subagent=True)
 
 
 def _precheck(spec: ToolSpec, args: object, settings: Settings) -> str | None:

@@ -1,0 +1,185 @@
+"""Sub-agents: definitions validated at start, delegation as child workflows, fan-out, depth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+
+from activities.runtime import Runtime
+from activities.settings import ConfigurationError
+from tests.conftest import WorkerFactory, start_agent, with_settings
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from workflows.agent import AgentWorkflow
+from workflows.tool_calls import child_policy
+from workflows.types import AgentInput, AgentResult, Limits, SubagentDef
+
+CHILD_DELAY_S = 1.5
+DEFINITIONS = {
+    "researcher": {"description": "Finds facts.", "system_prompt": "You are the researcher.", "tools": ["read_file"]},
+    "writer": {"description": "Writes prose.", "system_prompt": "You are the writer.", "tools": []},
+}
+
+
+def write_definitions(tmp_path: Path, definitions: Any = DEFINITIONS) -> str:
+    path = tmp_path / "subagents.json"
+    path.write_text(json.dumps(definitions))
+    return str(path)
+
+
+def fan_out_model(body: dict[str, Any]) -> Scripted:
+    """The parent delegates to both sub-agents in one turn; each child answers after a delay."""
+    messages = body["messages"]
+    system = messages[0]["content"]
+    for name in ("researcher", "writer"):
+        if system == f"You are the {name}.":
+            return Scripted(text=f"{name} did: {messages[1]['content']}", delay_s=CHILD_DELAY_S)
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if results:
+        return Scripted(text=" | ".join(results))
+    return Scripted(
+        tool_calls=[
+            ("researcher", json.dumps({"task": "find the facts"})),
+            ("writer", json.dumps({"task": "write the report"})),
+        ]
+    )
+
+
+async def events(client: Client, workflow_id: str) -> list[Any]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return list(history.events)
+
+
+async def model_activity_span(client: Client, workflow_id: str) -> tuple[float, float]:
+    """When this run's (only) model activity started and completed."""
+    found = await events(client, workflow_id)
+    started = [e for e in found if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED]
+    completed = [e for e in found if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+    assert started and completed
+    return started[0].event_time.ToDatetime().timestamp(), completed[-1].event_time.ToDatetime().timestamp()
+
+
+async def test_parent_delegates_to_two_subagents_in_one_turn(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    tmp_path: Path,
+    cache_mode: str,
+) -> None:
+    llm.default = fan_out_model
+    rt = with_settings(runtime, subagents_file=write_definitions(tmp_path))
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(dev_env.client, tq, task="research and write")
+        result = await handle.result()
+        status = await handle.query(AgentWorkflow.status)
+
+    assert result.status == "completed"
+    # Both results, in call order.
+    assert result.output == "researcher did: find the facts | writer did: write the report"
+    parent_events = await events(dev_env.client, handle.id)
+    initiated = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in parent_events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert initiated == [f"{handle.id}/researcher/s1c0", f"{handle.id}/writer/s1c1"]
+    # Concurrent: each child's model call started before the other one's finished. (With no workflow
+    # cache, a worker running two new runs' local activities at once can lose one workflow task to
+    # a 10 s timeout, which delays that child; both still complete.)
+    if cache_mode == "cached":
+        spans = [await model_activity_span(dev_env.client, child) for child in initiated]
+        assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
+    # The children's usage is the parent's too, and shown apart in the status view.
+    assert status.children_usage.input_tokens == 20 and status.children_usage.output_tokens == 10
+    assert status.own_usage.input_tokens == 20
+    assert result.usage.input_tokens == 40
+    # The child ran with the sub-agent's definition and one level deeper.
+    child = await dev_env.client.get_workflow_handle(initiated[0], result_type=AgentResult).result()
+    assert child.status == "completed"
+    child_requests = [r for r in llm.requests if r["body"]["messages"][0]["content"] == "You are the researcher."]
+    assert [t["function"]["name"] for t in child_requests[0]["body"]["tools"]] == ["read_file", "researcher", "writer"]
+    description = await dev_env.client.get_workflow_handle(initiated[1]).describe()
+    assert description.parent_id == handle.id
+    assert await description.static_summary() == f"writer for {handle.id}: write the report"
+
+
+async def test_max_depth_stops_delegation_with_a_tool_error(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(Scripted(tool_calls=[("helper", json.dumps({"task": "go deeper"}))]), Scripted(text="gave up"))
+    subagents = {"helper": SubagentDef(description="Helps.")}
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents=subagents, limits=Limits(max_depth=0))
+        result = await handle.result()
+
+    assert result.status == "completed"
+    tool_results = [m for m in llm.requests[1]["body"]["messages"] if m["role"] == "tool"]
+    assert "max_depth reached" in tool_results[0]["content"]
+    parent_events = await events(dev_env.client, handle.id)
+    started = EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    assert not [e for e in parent_events if e.event_type == started]
+
+
+async def test_bad_arguments_to_a_subagent_are_a_tool_error(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(Scripted(tool_calls=[("helper", json.dumps({"job": "x"}))]), Scripted(text="ok"))
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents={"helper": SubagentDef(description="Helps.")})
+        result = await handle.result()
+
+    assert result.status == "completed"
+    tool_results = [m for m in llm.requests[1]["body"]["messages"] if m["role"] == "tool"]
+    assert "invalid arguments for helper" in tool_results[0]["content"]
+
+
+async def test_unknown_subagent_names_fail_the_run_at_start(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
+) -> None:
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents=["nobody"])
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "unknown sub-agents ['nobody']" in str(failure.value.cause)
+
+
+@pytest.mark.parametrize(
+    ("definitions", "problem"),
+    [
+        ({"read_file": {"description": "x"}}, "has the name of a tool"),
+        ({"a": {"description": "x", "tools": ["nope"]}}, "unknown tools ['nope']"),
+        ({"a": {"description": "x", "modle": "y"}}, "a.modle: Extra inputs are not permitted"),
+        ({"1bad": {"description": "x"}}, "1bad.[key]"),
+        ({"a": {}}, "a.description: Field required"),
+    ],
+)
+def test_bad_definitions_stop_the_worker(
+    runtime: Runtime, tmp_path: Path, definitions: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        with_settings(runtime, subagents_file=write_definitions(tmp_path, definitions))
+    assert str(err.value).startswith("AGENT_SUBAGENTS_FILE=")
+    assert problem in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_run_input_bounds_subagents() -> None:
+    with pytest.raises(ValueError):
+        AgentInput(task="t", subagents={"no spaces": SubagentDef(description="x")})
+    with pytest.raises(ValueError):
+        AgentInput(task="t", depth=11)
+
+
+def test_child_policy_is_never_looser() -> None:
+    parent = {"rules": [{"tool": "write_file", "decision": "deny"}], "approval_timeout_s": 100}
+    own = {"rules": [{"tool": "write_file", "decision": "allow"}, {"tool": "read_file", "decision": "ask"}]}
+    merged = child_policy(parent, own)
+    assert merged["rules"] == [{"tool": "write_file", "decision": "deny"}, {"tool": "read_file", "decision": "ask"}]
+    deny = child_policy({}, {"rules": [{"tool": "*", "decision": "deny"}]})
+    assert deny["rules"][0]["decision"] == "deny"
