@@ -12,7 +12,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from activities.settings import ConfigurationError
+from activities.settings import ConfigurationError, ExtensionSettings
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
@@ -183,3 +183,58 @@ def test_child_policy_is_never_looser() -> None:
     assert merged["rules"] == [{"tool": "write_file", "decision": "deny"}, {"tool": "read_file", "decision": "ask"}]
     deny = child_policy({}, {"rules": [{"tool": "*", "decision": "deny"}]})
     assert deny["rules"][0]["decision"] == "deny"
+
+
+def activity_spans(found: list[Any], activity_type: str) -> list[tuple[float, float]]:
+    """(started, completed) of each activity of this type, in scheduling order."""
+    scheduled = {
+        e.event_id: e
+        for e in found
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type
+    }
+    started = {
+        e.activity_task_started_event_attributes.scheduled_event_id: e.event_time.ToDatetime().timestamp()
+        for e in found
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    }
+    completed = {
+        e.activity_task_completed_event_attributes.scheduled_event_id: e.event_time.ToDatetime().timestamp()
+        for e in found
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    }
+    return [(started[i], completed[i]) for i in sorted(scheduled)]
+
+
+async def test_read_only_tools_of_one_turn_run_concurrently(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(
+        Scripted(
+            tool_calls=[
+                ("slow_lookup", json.dumps({"key": "a"})),
+                ("slow_lookup", json.dumps({"key": "b"})),
+                ("write_file", json.dumps({"path": "x.txt", "content": "x"})),
+                ("slow_lookup", json.dumps({"key": "c"})),
+            ]
+        ),
+        Scripted(text="done"),
+    )
+    modules = (*runtime.settings.extensions.tool_modules, "tests.fakes.slow_tools")
+    rt = with_settings(runtime, extensions=ExtensionSettings(tool_modules=modules))
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(dev_env.client, tq, tools=["slow_lookup", "write_file"])
+        result = await handle.result()
+
+    assert result.status == "completed"
+    results = [m["content"] for m in llm.requests[1]["body"]["messages"] if m["role"] == "tool"]
+    assert results[0] == "value of a" and results[1] == "value of b" and results[3] == "value of c"
+    found = await events(dev_env.client, handle.id)
+    lookups = activity_spans(found, "slow_lookup")
+    (write,) = activity_spans(found, "write_file")
+    assert len(lookups) == 3
+    # a and b together; the write after both; c after the write (side effects and the sandbox keep call order).
+    assert lookups[0][0] < lookups[1][1] and lookups[1][0] < lookups[0][1], lookups
+    assert write[0] >= max(lookups[0][1], lookups[1][1]) and lookups[2][0] >= write[1]
+    markers = [e for e in found if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert any(b"parallel-tool-calls-v1" in e.SerializeToString() for e in markers)
