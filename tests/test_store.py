@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -334,3 +335,33 @@ async def test_nul_in_a_ledger_result_is_stored(postgres_db_url: str) -> None:
         assert entry.result == "body \ufffd end"
     finally:
         await store.close()
+
+
+async def test_budget_grants_one_turn_alone_then_only_what_fits(store: RunStore) -> None:
+    root = f"tree-{uuid.uuid4().hex[:8]}"
+    assert await store.budget_reserve(root, "a/2", 100, 0) == "granted"
+    assert await store.budget_reserve(root, "a/2", 100, 0) == "granted"  # its retry
+    assert await store.budget_reserve(root, "b/2", 100, 0) == "wait"  # no estimate yet
+    await store.budget_settle(root, "a/2", 30, 0.0)
+    await store.budget_settle(root, "a/2", 99, 0.0)  # the first settlement wins
+    assert await store.budget_reserve(root, "b/2", 100, 0) == "granted"  # alone in flight
+    assert await store.budget_reserve(root, "c/2", 100, 0) == "granted"  # 30 + 2 x 30 fit
+    assert await store.budget_reserve(root, "d/2", 100, 0) == "wait"  # 30 + 3 x 30 do not
+    await store.budget_release(root, "c/2")
+    assert await store.budget_reserve(root, "d/2", 100, 0) == "granted"
+    await store.budget_settle(root, "b/2", 40, 0.0)
+    await store.budget_settle(root, "d/2", 40, 0.0)
+    assert await store.budget_reserve(root, "e/2", 100, 0) == "exhausted"
+    spent = await store.budget_spent(root)
+    assert (spent.tokens, spent.turns, spent.in_flight) == (110, 3, 0)
+
+
+async def test_budget_caps_cost_too(store: RunStore) -> None:
+    root = f"tree-{uuid.uuid4().hex[:8]}"
+    assert await store.budget_reserve(root, "a", 10**6, 1.0) == "granted"
+    await store.budget_settle(root, "a", 10, 0.6)
+    assert await store.budget_reserve(root, "b", 10**6, 1.0) == "granted"
+    assert await store.budget_reserve(root, "c", 10**6, 1.0) == "wait"
+    await store.budget_settle(root, "b", 10, 0.6)
+    assert await store.budget_reserve(root, "c", 10**6, 1.0) == "exhausted"
+    assert (await store.budget_spent(root)).cost_usd == 1.2

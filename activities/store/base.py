@@ -6,6 +6,9 @@ insert-if-absent: the first writer of a position wins and every later writer
 lets history carry only positions while replays see exactly the same transcript.
 
 Ledger entries are addressed by idempotency key (see ``activities.store.ledger``).
+
+Budget rows are one per model turn of a tree of runs, under the tree's root (see
+``activities.store.budget``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from activities.store.budget import BudgetSpent, BudgetVerdict
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from workflows.types import Message
 
@@ -61,6 +65,22 @@ class RunStore(Protocol):
 
     async def ledger(self, workflow_id: str | None = None) -> list[LedgerEntry]:
         """Entries, optionally of one workflow (inspection and tests)."""
+        ...
+
+    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> BudgetVerdict:
+        """Reserve model turn ``key`` under the tree budget ``root`` (see ``activities.store.budget``)."""
+        ...
+
+    async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
+        """Record what turn ``key`` spent (idempotent: the first settlement wins)."""
+        ...
+
+    async def budget_release(self, root: str, key: str) -> None:
+        """Drop turn ``key``'s reservation unless it was settled (its model call failed)."""
+        ...
+
+    async def budget_spent(self, root: str) -> BudgetSpent:
+        """What the tree ``root`` has spent (inspection and tests)."""
         ...
 
     async def close(self) -> None: ...

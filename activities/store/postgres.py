@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from activities.store import budget
 from activities.store.base import StoredMessage, StoreError
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
@@ -58,6 +59,17 @@ _MIGRATIONS: tuple[str, ...] = (
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
     );
     CREATE INDEX ledger_workflow ON ledger (workflow_id, id);
+    """,
+    """
+    CREATE TABLE budget (
+        root TEXT NOT NULL,
+        key TEXT NOT NULL,
+        settled BOOLEAN NOT NULL DEFAULT FALSE,
+        tokens BIGINT NOT NULL DEFAULT 0,
+        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (root, key)
+    );
     """,
 )
 # pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
@@ -288,6 +300,43 @@ class PostgresRunStore:
                 )
             rows = await cur.fetchall()
         return [self._entry(r) for r in rows]
+
+    # --- tree budget ----------------------------------------------------------------
+
+    @staticmethod
+    async def _budget_rows(conn: Connection, root: str) -> list[budget.BudgetRow]:
+        cur = await conn.execute("SELECT key, settled, tokens, cost_usd, at FROM budget WHERE root = %s", (root,))
+        return [budget.BudgetRow(r[0], bool(r[1]), r[2], r[3], r[4]) for r in await cur.fetchall()]
+
+    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
+        now = time.time()
+        async with self._conn() as conn, conn.transaction():
+            # One tree's reservations are decided one at a time (a lock on the root, for this transaction).
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"budget:{root}",))
+            verdict = budget.decide(await self._budget_rows(conn, root), key, cap_tokens, cap_cost_usd, now)
+            if verdict == "granted":
+                await conn.execute(
+                    "INSERT INTO budget (root, key, at) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (root, key, now)
+                )
+        return verdict
+
+    async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO budget (root, key, settled, tokens, cost_usd, at) VALUES (%s, %s, TRUE, %s, %s, %s)"
+                " ON CONFLICT (root, key) DO UPDATE SET settled = TRUE, tokens = excluded.tokens,"
+                " cost_usd = excluded.cost_usd WHERE NOT budget.settled",
+                (root, key, tokens, cost_usd, time.time()),
+            )
+
+    async def budget_release(self, root: str, key: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute("DELETE FROM budget WHERE root = %s AND key = %s AND NOT settled", (root, key))
+
+    async def budget_spent(self, root: str) -> budget.BudgetSpent:
+        async with self._conn() as conn:
+            rows = await self._budget_rows(conn, root)
+        return budget.spent(rows, time.time())
 
     async def close(self) -> None:
         async with self._opening:

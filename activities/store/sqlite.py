@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from activities.store import budget
 from activities.store.base import StoredMessage, StoreError
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
@@ -43,6 +44,15 @@ CREATE TABLE IF NOT EXISTS ledger (
     updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
 );
 CREATE INDEX IF NOT EXISTS ledger_workflow ON ledger (workflow_id);
+CREATE TABLE IF NOT EXISTS budget (
+    root TEXT NOT NULL,
+    key TEXT NOT NULL,
+    settled INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL NOT NULL DEFAULT 0,
+    at REAL NOT NULL,
+    PRIMARY KEY (root, key)
+);
 """
 _LEDGER_COLUMNS = (
     "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
@@ -208,3 +218,56 @@ class SQLiteRunStore:
     async def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    # --- tree budget ----------------------------------------------------------------
+
+    def _budget_rows(self, root: str) -> list[budget.BudgetRow]:
+        rows = self._conn.execute(
+            "SELECT key, settled, tokens, cost_usd, at FROM budget WHERE root = ?", (root,)
+        ).fetchall()
+        return [budget.BudgetRow(r[0], bool(r[1]), r[2], r[3], r[4]) for r in rows]
+
+    def _budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
+        now = time.time()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")  # the read-decide-write is atomic across processes
+            try:
+                verdict = budget.decide(self._budget_rows(root), key, cap_tokens, cap_cost_usd, now)
+                if verdict == "granted":
+                    self._conn.execute(
+                        "INSERT OR IGNORE INTO budget (root, key, at) VALUES (?, ?, ?)", (root, key, now)
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return verdict
+
+    def _budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO budget (root, key, settled, tokens, cost_usd, at) VALUES (?, ?, 1, ?, ?, ?)"
+                " ON CONFLICT (root, key) DO UPDATE SET settled = 1, tokens = excluded.tokens,"
+                " cost_usd = excluded.cost_usd WHERE settled = 0",
+                (root, key, tokens, cost_usd, time.time()),
+            )
+
+    def _budget_release(self, root: str, key: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM budget WHERE root = ? AND key = ? AND settled = 0", (root, key))
+
+    def _budget_spent(self, root: str) -> budget.BudgetSpent:
+        with self._lock:
+            return budget.spent(self._budget_rows(root), time.time())
+
+    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
+        return await asyncio.to_thread(self._budget_reserve, root, key, cap_tokens, cap_cost_usd)
+
+    async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
+        await asyncio.to_thread(self._budget_settle, root, key, tokens, cost_usd)
+
+    async def budget_release(self, root: str, key: str) -> None:
+        await asyncio.to_thread(self._budget_release, root, key)
+
+    async def budget_spent(self, root: str) -> budget.BudgetSpent:
+        return await asyncio.to_thread(self._budget_spent, root)
