@@ -238,3 +238,58 @@ async def test_read_only_tools_of_one_turn_run_concurrently(
     assert write[0] >= max(lookups[0][1], lookups[1][1]) and lookups[2][0] >= write[1]
     markers = [e for e in found if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert any(b"parallel-tool-calls-v1" in e.SerializeToString() for e in markers)
+
+
+PRICE_PER_TURN = 0.01  # 1000 input tokens at $10 per million
+
+
+def priced_fan_out(body: dict[str, Any]) -> Scripted:
+    """A parent that asks three sub-agents at once; each child works turn after turn until stopped."""
+    messages = body["messages"]
+    system = messages[0]["content"]
+    if system.startswith("You are worker"):
+        step = sum(1 for m in messages if m["role"] == "tool")
+        return Scripted(
+            tool_calls=[("always_fails", "{}")], input_tokens=1000, output_tokens=0, delay_s=0.05 * (step % 3)
+        )
+    if any(m["role"] == "tool" for m in messages):
+        return Scripted(text="parent done", input_tokens=1000, output_tokens=0)
+    return Scripted(
+        tool_calls=[(f"w{i}", json.dumps({"task": f"job {i}"})) for i in range(3)], input_tokens=1000, output_tokens=0
+    )
+
+
+async def test_the_tree_shares_one_budget(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    tmp_path: Path,
+) -> None:
+    llm.default = priced_fan_out
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai:test-model": {"input": 10.0, "output": 0.0}}))
+    rt = with_settings(runtime, prices_file=str(prices))
+    workers = {
+        f"w{i}": SubagentDef(description="Works.", system_prompt=f"You are worker {i}.", tools=["always_fails"])
+        for i in range(3)
+    }
+    cap = 0.105  # ten turns and a half; each child alone would use up to 20 turns
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(
+            dev_env.client, tq, subagents=workers, limits=Limits(max_cost_usd=cap, max_steps=20, max_tokens=10**6)
+        )
+        result = await handle.result()
+        status = await handle.query(AgentWorkflow.status)
+
+    assert result.status == "limit_exceeded", result.output
+    turns = [r for r in llm.requests if r["path"].endswith("/chat/completions")]
+    spent = len(turns) * PRICE_PER_TURN
+    # Never more than one model turn of one agent over the cap, across the whole tree.
+    assert spent <= cap + PRICE_PER_TURN + 1e-9, (len(turns), spent)
+    assert spent >= cap  # the budget was really used, not refused early
+    assert status.children_usage.cost_usd > 0
+    assert abs(result.usage.cost_usd - spent) < 1e-6
+    store_spent = await rt.store.budget_spent(f"{handle.id}/{(await handle.describe()).run_id}")
+    assert abs(store_spent.cost_usd - spent) < 1e-6
+    await rt.aclose()

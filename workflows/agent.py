@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         SignatureCheck,
         StatusView,
         TranscriptEntry,
+        TreeBudget,
         Usage,
     )
 
@@ -82,6 +83,7 @@ MODEL_RETRY = RetryPolicy(
 )
 # A failed transcript append no longer skips the sandbox kill (each cleanup step runs on its own).
 CLEANUP_STEPS_PATCH = "cleanup-steps-independent-v1"
+BUDGET_EXHAUSTED = "BudgetExhausted"  # the model activity's refusal: the tree of runs spent its budget
 HOUSEKEEPING_TIMEOUT = timedelta(seconds=30)
 HOUSEKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 DEFAULT_SYSTEM_PROMPT = (
@@ -355,8 +357,9 @@ class AgentWorkflow:
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
         ]
+        conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
         return Carry(
-            conversation_id=f"{info.workflow_id}/{info.first_execution_run_id}",
+            conversation_id=conversation_id,
             step=0,
             transcript_len=len(opening),
             usage=Usage(),
@@ -367,6 +370,16 @@ class AgentWorkflow:
             signing_required=config.signing_required,
             search_attributes=config.search_attributes,
             subagents=config.subagents,
+            budget=inp.budget
+            or (
+                TreeBudget(
+                    root=conversation_id,
+                    max_tokens=inp.limits.max_tokens,
+                    max_cost_usd=inp.limits.max_cost_usd,
+                )
+                if config.subagents
+                else None
+            ),
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
         )
 
@@ -391,6 +404,8 @@ class AgentWorkflow:
                 if is_cancelled_exception(err):
                     raise
                 await self._cleanup(carry)
+                if isinstance(err.cause, ApplicationError) and err.cause.type == BUDGET_EXHAUSTED:
+                    return self._finish("limit_exceeded", f"the tree's budget is spent: {err.cause.message}")
                 if self._deadline_passed(inp, carry):
                     return self._finish("limit_exceeded", f"timeout_s={inp.limits.timeout_s} reached")
                 return self._finish("failed", f"model {carry.model} failed: {cause_text(err)}")
@@ -420,6 +435,7 @@ class AgentWorkflow:
             append=carry.pending,
             tools=carry.tools,
             subagents={name: d.description for name, d in carry.subagents.items()},
+            budget=carry.budget,
         )
         turn: ModelTurn = await workflow.execute_activity(
             "model",

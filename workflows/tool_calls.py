@@ -176,6 +176,7 @@ class ToolCallRunner:
             tenant=inp.tenant,
             subagents=dict(carry.subagents),
             depth=inp.depth + 1,
+            budget=carry.budget,
         )
         child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
         try:

@@ -58,6 +58,16 @@ class Limits(BaseModel):
 SubagentName = Annotated[str, Field(pattern=SUBAGENT_NAME_PATTERN)]
 
 
+class TreeBudget(BaseModel):
+    """The budget a tree of runs (a parent and its sub-agents, recursively) shares through the run store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(min_length=1, max_length=1000)  # the root run's conversation id
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    max_cost_usd: float = Field(ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
+
+
 class SubagentDef(BaseModel):
     """A sub-agent: to the parent's model a tool named after it, taking ``{"task": str}``; run as a child run."""
 
@@ -131,6 +141,7 @@ class Carry(BaseModel):
     refused_counts: dict[Annotated[str, Field(max_length=40)], int] = Field(default_factory=dict, max_length=40)
     subagents: dict[SubagentName, SubagentDef] = Field(default_factory=dict, max_length=MAX_SUBAGENTS)
     children_usage: Usage = Field(default_factory=Usage)  # what child runs spent (included in ``usage``)
+    budget: TreeBudget | None = None  # set when the run is part of a tree of runs
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -188,6 +199,7 @@ class AgentInput(BaseModel):
         default=None, max_length=MAX_SUBAGENTS
     )
     depth: int = Field(default=0, ge=0, le=MAX_DEPTH)  # of delegation: 0 for a run started from outside
+    budget: TreeBudget | None = None  # a sub-agent's: the tree's budget it spends from (set by its parent)
     carry: Carry | None = None  # set only by continue-as-new
 
     @field_validator("task")
@@ -349,6 +361,7 @@ class ModelRequest(BaseModel):
     append: list[TranscriptEntry] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
     subagents: dict[str, str] = Field(default_factory=dict)  # sub-agent name -> description (offered as tools)
+    budget: TreeBudget | None = None  # the turn is reserved under it before the provider is called
 
 
 class ToolCall(BaseModel):

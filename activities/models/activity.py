@@ -8,6 +8,7 @@ earlier attempt already stored a reply returns it without calling the model agai
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import structlog
@@ -22,9 +23,10 @@ from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.subagents import resolve
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
-from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, Usage
+from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, TreeBudget, Usage
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
+BUDGET_POLL_S = 0.2  # how often a turn waiting for the tree's budget asks again
 MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
 log = structlog.get_logger("activities.model")
 
@@ -68,13 +70,43 @@ class ModelActivities:
                 await store.put_message(req.conversation_id, entry.seq, entry.message)
 
             stored = await store.get_message(req.conversation_id, req.transcript_len)
+            budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
             if stored is None:
                 transcript = [m.message for m in await store.messages(req.conversation_id, req.transcript_len)]
-                reply_message, meta = await self._call_provider(req, transcript)
+                if budget is not None:
+                    await self._reserve(budget, turn_key)
+                try:
+                    reply_message, meta = await self._call_provider(req, transcript)
+                except BaseException:
+                    if budget is not None:
+                        await store.budget_release(budget.root, turn_key)
+                    raise
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
-            return self._turn(req, stored.message, stored.meta)
+            turn = self._turn(req, stored.message, stored.meta)
+            if budget is not None:  # again when reused: the attempt that stored it may have died before this
+                await store.budget_settle(budget.root, turn_key, turn.usage.total_tokens, turn.usage.cost_usd)
+            return turn
+
+    async def _reserve(self, budget: TreeBudget, turn_key: str) -> None:
+        """Wait until the tree's budget lets this turn call the model; ``BudgetExhausted`` once it is spent."""
+        async with heartbeating(MODEL_HEARTBEAT_S):
+            while True:
+                verdict = await self._rt.store.budget_reserve(
+                    budget.root, turn_key, budget.max_tokens, budget.max_cost_usd
+                )
+                if verdict == "granted":
+                    return
+                if verdict == "exhausted":
+                    spent = await self._rt.store.budget_spent(budget.root)
+                    raise ApplicationError(
+                        f"{spent.tokens} tokens and ${spent.cost_usd:.4f} spent across the tree "
+                        f"(max_tokens={budget.max_tokens}, max_cost_usd={budget.max_cost_usd})",
+                        type="BudgetExhausted",
+                        non_retryable=True,
+                    )
+                await asyncio.sleep(BUDGET_POLL_S)
 
     async def _call_provider(self, req: ModelRequest, transcript: list[Message]) -> tuple[Message, dict[str, object]]:
         try:
