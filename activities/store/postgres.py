@@ -24,7 +24,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from activities.store import budget
+import activities.store.budget as budget
 from activities.store.base import StoredMessage, StoreError
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from activities.store import budget
+import activities.store.budget as budget
 from activities.store.base import StoredMessage, StoreError
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
