@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, ExtensionSettings
+from durable_agents.cli.approvals import cmd_approve, cmd_pending
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
@@ -293,3 +296,59 @@ async def test_the_tree_shares_one_budget(
     store_spent = await rt.store.budget_spent(f"{handle.id}/{(await handle.describe()).run_id}")
     assert abs(store_spent.cost_usd - spent) < 1e-6
     await rt.aclose()
+
+
+def approval_model(body: dict[str, Any]) -> Scripted:
+    messages = body["messages"]
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if messages[0]["content"] == "You are the poster.":
+        if results:
+            return Scripted(text=f"poster: {results[0]}")
+        return Scripted(tool_calls=[("write_file", json.dumps({"path": "note.txt", "content": "hi"}))])
+    if results:
+        return Scripted(text=results[0])
+    return Scripted(tool_calls=[("poster", json.dumps({"task": "write the note"}))])
+
+
+async def test_a_subagents_approval_is_listed_and_decided_through_the_parent(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    llm.default = approval_model
+    poster = SubagentDef(
+        description="Writes notes.",
+        system_prompt="You are the poster.",
+        tools=["write_file"],
+        policy={"rules": [{"name": "ask-writes", "tool": "write_file", "decision": "ask"}]},
+    )
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents={"poster": poster})
+        child_id = f"{handle.id}/poster/s1c0"
+        for _ in range(200):
+            status = await handle.query(AgentWorkflow.status)
+            if status.pending_approvals:
+                break
+            await asyncio.sleep(0.1)
+        assert status.state == "waiting_approval"
+        (pending,) = status.pending_approvals
+        assert pending.workflow_id == child_id and pending.tool == "write_file" and pending.rule == "ask-writes"
+
+        capsys.readouterr()
+        await cmd_pending(dev_env.client, argparse.Namespace(workflow_id=handle.id, json=True), runtime.settings)
+        (row,) = json.loads(capsys.readouterr().out)
+        assert (row["workflow_id"], row["via"], row["approval_id"]) == (child_id, handle.id, pending.approval_id)
+
+        decision = argparse.Namespace(
+            workflow_id=handle.id, approval_id=pending.approval_id, reviewer="alice", comment="fine"
+        )
+        assert await cmd_approve(dev_env.client, decision, runtime.settings) == 0
+        assert f"approved {pending.approval_id}" in capsys.readouterr().out
+        result = await handle.result()
+        after = await handle.query(AgentWorkflow.status)
+
+    assert result.status == "completed"
+    assert result.output.startswith("poster: ") and "Error" not in result.output
+    assert after.pending_approvals == []

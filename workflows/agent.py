@@ -29,16 +29,19 @@ with workflow.unsafe.imports_passed_through():
     from workflows.tool_calls import ToolCallRunner
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
+        MAX_CHILD_APPROVALS,
         AgentInput,
         AgentResult,
         ApproveSignal,
         Carry,
+        ChildApprovalsSignal,
         CompensationRequest,
         DecideRequest,
         DecideResult,
         Message,
         ModelRequest,
         ModelTurn,
+        PendingApproval,
         RejectSignal,
         ResolveSignal,
         ResultStatus,
@@ -63,8 +66,9 @@ if TYPE_CHECKING:
     RejectInput = RejectSignal | RawValue
     ResolveInput = ResolveSignal | RawValue
     DecideInput = DecideRequest | RawValue
+    ChildApprovalsInput = ChildApprovalsSignal | RawValue
 else:
-    RunInput = ApproveInput = RejectInput = ResolveInput = DecideInput = RawValue
+    RunInput = ApproveInput = RejectInput = ResolveInput = DecideInput = ChildApprovalsInput = RawValue
 
 # Refusals are all counted and the last 20 listed in the status view; the progress stream gets
 # the first REFUSAL_EVENTS of them, then one summary every REFUSAL_EVENT_EVERY, so that a flood
@@ -123,16 +127,24 @@ class AgentWorkflow:
             self._book.refused, self._book.refused_counts = list(carry.refused), dict(carry.refused_counts)
         self._operator_policy = Policy()
         self._run_policy: Policy | None = None
+        # Sub-agents: the children started (only they may report approvals) and what each waits for.
+        self._child_ids: set[str] = set()
+        self._child_pending: dict[str, tuple[int, list[PendingApproval]]] = {}
+        self._reported: list[tuple[str, str]] = []  # what this run last told its own parent
+        self._report_seq = 0
+        self._reports: set[asyncio.Future[None]] = set()
+        self._child_reports_on = bool(self._input and self._input.depth > 0)  # started by an AgentWorkflow
 
     # --- public read side ----------------------------------------------------------
 
     @workflow.query(name="status")
     def status(self) -> StatusView:
-        state: RunState = "waiting_approval" if self._state == "running" and self._book.pending else self._state
+        pending = self._pending_in_tree()
+        state: RunState = "waiting_approval" if self._state == "running" and pending else self._state
         return StatusView(
             state=state,
             step=self._step,
-            pending_approvals=self._book.views(),
+            pending_approvals=pending,
             usage=self._usage,
             model=self._model,
             output=self._output,
@@ -178,6 +190,57 @@ class AgentWorkflow:
             return
         fields = decision.model_dump()
         await self._decide(DecideRequest(decision=fields.pop("resolution"), **fields), source="signal")
+
+    @workflow.signal(name="child_approvals")
+    @one_payload
+    def child_approvals(self, raw: ChildApprovalsInput = NO_PAYLOAD, *extra: Any) -> None:
+        report = decode(raw, ChildApprovalsSignal, extra)
+        if isinstance(report, str):
+            self._refuse("malformed", f"refused child_approvals signal: {report}")
+            return
+        if report.child_id not in self._child_ids:
+            self._refuse("unknown_child", f"refused child_approvals signal: {quote(report.child_id)} is no child")
+            return
+        seen = self._child_pending.get(report.child_id)
+        if seen is not None and seen[0] >= report.seq:
+            return  # an older list arrived after a newer one
+        approvals = [a.model_copy(update={"workflow_id": a.workflow_id or report.child_id}) for a in report.approvals]
+        self._child_pending[report.child_id] = (report.seq, approvals)
+        self._emit("approval_requested", f"sub-agent {report.child_id} waits for {len(approvals)} approval(s)")
+
+    def _child_started(self, child_id: str) -> None:
+        self._child_ids.add(child_id)
+
+    def _child_ended(self, child_id: str) -> None:
+        if self._child_pending.pop(child_id, None) is not None:
+            self._emit("approval_decided", f"sub-agent {child_id} ended; nothing of it waits any more")
+
+    def _pending_in_tree(self) -> list[PendingApproval]:
+        """This run's pending approvals, then its sub-agents' (each naming the run that waits for it)."""
+        found = self._book.views()
+        for child_id in sorted(self._child_pending):
+            found.extend(self._child_pending[child_id][1])
+        return found[:MAX_CHILD_APPROVALS]
+
+    def _report_to_parent(self, pending: list[PendingApproval]) -> None:
+        """A sub-agent tells its parent when what waits in its part of the tree changed."""
+        parent = workflow.info().parent
+        if parent is None or not self._child_reports_on:
+            return
+        keys = [(a.workflow_id, a.approval_id) for a in pending]
+        if keys == self._reported:
+            return
+        self._reported = keys
+        self._report_seq += 1
+        me = workflow.info().workflow_id
+        report = ChildApprovalsSignal(
+            child_id=me,
+            seq=self._report_seq,
+            approvals=[a.model_copy(update={"workflow_id": a.workflow_id or me}) for a in pending],
+        )
+        task = asyncio.ensure_future(_signal_parent(parent.workflow_id, report))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     @workflow.signal(dynamic=True)
     def _unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -293,7 +356,13 @@ class AgentWorkflow:
         self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
         self._tools = ToolCallRunner(
-            self._book, self._emit, self._operator_policy, self._run_policy, on_usage=self._usage_changed
+            self._book,
+            self._emit,
+            self._operator_policy,
+            self._run_policy,
+            on_usage=self._usage_changed,
+            on_child=self._child_started,
+            on_child_ended=self._child_ended,
         )
         try:
             return await self._loop(inp, carry)
@@ -493,6 +562,7 @@ class AgentWorkflow:
         self._last_event = text
         self._reporter.publish(kind, self._step, text, tool, **data)
         view = self.status()
+        self._report_to_parent(view.pending_approvals)
         workflow.set_current_details(details_markdown(workflow.info().workflow_id, view, view.refused[-1:]))
         self._reporter.sync_search_attributes(
             self._search_attributes,
@@ -522,6 +592,13 @@ def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:
     if longest > MAX_APPROVAL_TIMEOUT_S:
         raise _invalid_input(f"{where}: approval_timeout_s must be at most {MAX_APPROVAL_TIMEOUT_S} (365 days)")
     return policy
+
+
+async def _signal_parent(parent_id: str, report: ChildApprovalsSignal) -> None:
+    try:
+        await workflow.get_external_workflow_handle(parent_id).signal("child_approvals", report)
+    except Exception as err:  # the parent is gone: nobody to tell
+        workflow.logger.warning("could not tell parent %s about pending approvals: %s", parent_id, err)
 
 
 def _minus(total: Usage, part: Usage) -> Usage:

@@ -53,12 +53,16 @@ class ToolCallRunner:
         operator_policy: Policy,
         run_policy: Policy | None,
         on_usage: Callable[[Carry], None] | None = None,
+        on_child: Callable[[str], None] | None = None,
+        on_child_ended: Callable[[str], None] | None = None,
     ) -> None:
         self.book = book
         self.emit = emit
         self.operator_policy = operator_policy
         self.run_policy = run_policy
         self.on_usage = on_usage
+        self.on_child = on_child or (lambda _: None)
+        self.on_child_ended = on_child_ended or (lambda _: None)
         self.sandbox_failure = ""
 
     async def run_turn(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
@@ -179,6 +183,7 @@ class ToolCallRunner:
             budget=carry.budget,
         )
         child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
+        self.on_child(child_id)
         try:
             result: AgentResult = await workflow.execute_child_workflow(
                 "AgentWorkflow",
@@ -192,6 +197,8 @@ class ToolCallRunner:
             if is_cancelled_exception(err):
                 raise
             return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
+        finally:
+            self.on_child_ended(child_id)
         carry.children_usage = carry.children_usage.plus(result.usage)
         carry.usage = carry.usage.plus(result.usage)
         if self.on_usage is not None:

@@ -228,6 +228,18 @@ class PendingApproval(BaseModel):
     step: int = 0
     call_id: str = ""
     kind: str = "tool_call"
+    workflow_id: str = ""  # the run that waits for it, when it is a sub-agent's ("": this run)
+
+
+MAX_CHILD_APPROVALS = 100
+
+
+class ChildApprovalsSignal(BaseModel):
+    """Payload of ``child_approvals``: a sub-agent tells its parent what it (and its own sub-agents) wait for."""
+
+    child_id: str = Field(max_length=1000)
+    seq: int = Field(ge=0, le=10**9)  # the newest list wins, whatever order signals arrive in
+    approvals: list[PendingApproval] = Field(default_factory=list, max_length=MAX_CHILD_APPROVALS)
 
 
 class ApproveSignal(BaseModel):

@@ -190,7 +190,11 @@ def _truncate(text: str, width: int) -> str:
 
 
 def _row(workflow_id: str, approval: PendingApproval) -> dict[str, Any]:
-    return {"workflow_id": workflow_id, **approval.model_dump(), "time_left": time_left(approval.expires_at)}
+    """One pending approval; a sub-agent's names its own run (where the decision goes) and the parent asked."""
+    row = {**approval.model_dump(), "workflow_id": approval.workflow_id or workflow_id}
+    if approval.workflow_id and approval.workflow_id != workflow_id:
+        row["via"] = workflow_id
+    return {**row, "time_left": time_left(approval.expires_at)}
 
 
 def given(args: dict[str, Any]) -> dict[str, Any]:
@@ -291,6 +295,8 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
     else:
         views = await _waiting_views(client)
     rows = [_row(wid, approval) for wid, view in views if view for approval in view.pending_approvals]
+    # A sub-agent's approval is listed by its own run and by every ancestor: once, where it was first seen.
+    rows = list({(r["workflow_id"], r["approval_id"]): r for r in reversed(rows)}.values())[::-1]
     if args.json:
         print(json.dumps(rows, indent=2))
     elif rows:
@@ -355,9 +361,11 @@ async def _decide_command(
         raise CliError(f"run {workflow_id} has {len(pending)} pending approvals; name one of: {', '.join(pending)}")
     else:
         approval_id = next(iter(pending))
+    # A sub-agent's approval is decided by the sub-agent's run, whichever ancestor it was listed by.
+    owner = pending[approval_id].workflow_id if approval_id in pending else ""
     line = await send_decision(
         client,
-        workflow_id,
+        owner or workflow_id,
         approval_id,
         decision,
         reviewer,
