@@ -10,15 +10,16 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, ExtensionSettings
 from durable_agents.cli.approvals import cmd_approve, cmd_pending
-from tests.conftest import WorkerFactory, start_agent, with_settings
+from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
+from workflows.identity import sandbox_id_for
 from workflows.tool_calls import child_policy
 from workflows.types import AgentInput, AgentResult, Limits, SubagentDef
 
@@ -352,3 +353,52 @@ async def test_a_subagents_approval_is_listed_and_decided_through_the_parent(
     assert result.status == "completed"
     assert result.output.startswith("poster: ") and "Error" not in result.output
     assert after.pending_approvals == []
+
+
+def sleepy_model(body: dict[str, Any]) -> Scripted:
+    messages = body["messages"]
+    if messages[0]["content"] == "You are the sleeper.":
+        return Scripted(tool_calls=[("run_shell", json.dumps({"command": "sleep 30"}))])
+    if any(m["role"] == "tool" for m in messages):
+        return Scripted(text="the parent went on after the cancel")
+    return Scripted(tool_calls=[("sleeper", json.dumps({"task": f"sleep {i}"})) for i in range(2)])
+
+
+async def test_cancelling_the_parent_cancels_every_child_and_kills_their_sandboxes(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    require_bwrap()
+    llm.default = sleepy_model
+    sleeper = SubagentDef(description="Sleeps.", system_prompt="You are the sleeper.", tools=["run_shell"])
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents={"sleeper": sleeper})
+        children = [dev_env.client.get_workflow_handle(f"{handle.id}/sleeper/s1c{i}") for i in range(2)]
+        for _ in range(300):
+            try:
+                events = [(await c.query(AgentWorkflow.status)).last_event for c in children]
+            except Exception:
+                events = []
+            if events and all("running run_shell" in e for e in events):
+                break
+            await asyncio.sleep(0.05)
+        assert events and all("running run_shell" in e for e in events), events
+        workspaces = [
+            Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id_for(f"{c.id}/{(await c.describe()).run_id}")
+            for c in children
+        ]
+        assert all(w.is_dir() for w in workspaces)
+
+        await handle.cancel()
+        result = await handle.result()
+        child_states = [(await c.describe()).status for c in children]
+        child_results = [
+            await dev_env.client.get_workflow_handle(c.id, result_type=AgentResult).result() for c in children
+        ]
+
+    assert result.status == "cancelled", result
+    assert all(s != WorkflowExecutionStatus.RUNNING for s in child_states), child_states
+    assert [r.status for r in child_results] == ["cancelled", "cancelled"]
+    assert not any(w.exists() for w in workspaces), "every child's sandbox must be killed"
+    for child in children:
+        assert child.id in result.output  # the parent's result says what each child did
+    assert "went on" not in result.output

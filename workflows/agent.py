@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -366,14 +366,22 @@ class AgentWorkflow:
         )
         try:
             return await self._loop(inp, carry)
-        except (asyncio.CancelledError, ActivityError) as err:
+        except (asyncio.CancelledError, ActivityError, ChildWorkflowError) as err:
             if not is_cancelled_exception(err):
                 raise
             # Cleanup must still run: the cancel was delivered to the awaited activity, not to new ones.
             self._emit("finished", "cancel requested: compensating and cleaning up")
             report = await asyncio.shield(asyncio.ensure_future(self._compensate(carry)))
             await asyncio.shield(asyncio.ensure_future(self._cleanup(carry)))
-            return self._finish("cancelled", "the run was cancelled." + report)
+            return self._finish("cancelled", "the run was cancelled." + report + self._children_report())
+
+    def _children_report(self) -> str:
+        """What each sub-agent this run started did (each compensated and cleaned up in its own run)."""
+        if not self._tools.children:
+            return ""
+        lines = ["", "Sub-agents:"]
+        lines += [f"- {child_id}: {what}" for child_id, what in self._tools.children.items()]
+        return "\n".join(lines)
 
     def _usage_changed(self, carry: Carry) -> None:
         self._usage, self._children_usage = carry.usage, carry.children_usage

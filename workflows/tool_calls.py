@@ -63,6 +63,7 @@ class ToolCallRunner:
         self.on_usage = on_usage
         self.on_child = on_child or (lambda _: None)
         self.on_child_ended = on_child_ended or (lambda _: None)
+        self.children: dict[str, str] = {}  # child workflow id -> what it did (for the run's final report)
         self.sandbox_failure = ""
 
     async def run_turn(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
@@ -184,6 +185,7 @@ class ToolCallRunner:
         )
         child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
         self.on_child(child_id)
+        self.children[child_id] = "started; no result yet"
         try:
             result: AgentResult = await workflow.execute_child_workflow(
                 "AgentWorkflow",
@@ -195,10 +197,17 @@ class ToolCallRunner:
             )
         except ChildWorkflowError as err:
             if is_cancelled_exception(err):
+                self.children[child_id] = "cancelled"
                 raise
+            self.children[child_id] = f"failed: {cause_text(err)[:200]}"
             return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
+        except asyncio.CancelledError:
+            self.children[child_id] = "cancel requested (it compensates and cleans up on its own)"
+            raise
         finally:
             self.on_child_ended(child_id)
+        first_line = (result.output.splitlines() or [""])[0][:200]
+        self.children[child_id] = f"{result.status} after {result.steps} step(s): {first_line}"
         carry.children_usage = carry.children_usage.plus(result.usage)
         carry.usage = carry.usage.plus(result.usage)
         if self.on_usage is not None:
