@@ -402,3 +402,51 @@ async def test_cancelling_the_parent_cancels_every_child_and_kills_their_sandbox
     for child in children:
         assert child.id in result.output  # the parent's result says what each child did
     assert "went on" not in result.output
+
+
+CHILD_TURNS = 10
+
+
+def long_tree_model(body: dict[str, Any]) -> Scripted:
+    """A parent delegating 20 times (two turns of 10), each child making 10 big tool calls."""
+    messages = body["messages"]
+    done = sum(1 for m in messages if m["role"] == "tool")
+    if messages[0]["content"] == "You are the digger.":
+        if done >= CHILD_TURNS:
+            return Scripted(text=f"dug {done} rows")
+        return Scripted(tool_calls=[("big_lookup", json.dumps({"n": done}))])
+    if done >= 20:
+        return Scripted(text="all dug")
+    return Scripted(tool_calls=[("digger", json.dumps({"task": f"dig part {done + i}"})) for i in range(10)])
+
+
+async def test_a_tree_of_20_delegations_keeps_every_history_small(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, cache_mode: str
+) -> None:
+    if cache_mode == "replay":
+        pytest.skip("220 workflow tasks with no cache: covered by the cached run (the replay test covers replays)")
+    llm.default = long_tree_model
+    modules = (*runtime.settings.extensions.tool_modules, "tests.fakes.slow_tools")
+    rt = with_settings(runtime, extensions=ExtensionSettings(tool_modules=modules))
+    digger = SubagentDef(
+        description="Digs.", system_prompt="You are the digger.", tools=["big_lookup"], limits=Limits(max_steps=12)
+    )
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents={"digger": digger})
+        result = await handle.result()
+
+    assert result.status == "completed" and result.output == "all dug"
+    found = await events(dev_env.client, handle.id)
+    started = EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    children = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in found
+        if e.event_type == started
+    ]
+    assert len(children) == 20
+    for workflow_id in [handle.id, *children]:
+        history = await dev_env.client.get_workflow_handle(workflow_id).fetch_history()
+        size = sum(e.ByteSize() for e in history.events)
+        assert size < 1_000_000, (workflow_id, size)
+    child = await dev_env.client.get_workflow_handle(children[-1], result_type=AgentResult).result()
+    assert child.output == f"dug {CHILD_TURNS} rows"

@@ -19,3 +19,12 @@ class LookupArgs(BaseModel):
 async def slow_lookup(args: LookupArgs, ctx: ToolContext) -> str:
     await asyncio.sleep(SLOW_S)
     return f"value of {args.key}"
+
+
+class BigArgs(BaseModel):
+    n: int = 0
+
+
+@tool("big_lookup", description="Return 10 KB of text (read-only).", args=BigArgs)
+async def big_lookup(args: BigArgs, ctx: ToolContext) -> str:
+    return (f"row {args.n} " * 2000)[: 10 * 1024]
