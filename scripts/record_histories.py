@@ -32,7 +32,7 @@ from tests.scenarios import SCENARIOS, Handle, Scenario
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
-from workflows.types import AgentInput, ApproveSignal
+from workflows.types import AgentInput, ApproveSignal, SubagentDef
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "histories"
 TEMPORAL = Path(sys.executable).parent / "temporal"
@@ -76,8 +76,51 @@ async def junk_signals(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSi
     return handle
 
 
+async def subagents(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """A parent delegates to two sub-agents in one turn (concurrent child runs); one of them waits for
+    an approval, which the parent lists (``child_approvals`` signals) and which is decided in the child."""
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        messages = body["messages"]
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        if messages[0]["content"] == "You are the writer.":
+            if results:
+                return Scripted(text="wrote it")
+            return Scripted(tool_calls=[("write_file", json.dumps({"path": "a.txt", "content": "a"}))])
+        if messages[0]["content"] == "You are the reader.":
+            return Scripted(text="read it")
+        if results:
+            return Scripted(text=" | ".join(results))
+        return Scripted(
+            tool_calls=[("reader", json.dumps({"task": "read"})), ("writer", json.dumps({"task": "write"}))]
+        )
+
+    llm.default = reply
+    ask = {"rules": [{"name": "ask-writes", "tool": "write_file", "decision": "ask"}]}
+    inp = AgentInput(
+        task="read and write",
+        subagents={
+            "reader": SubagentDef(description="Reads.", system_prompt="You are the reader.", tools=[]),
+            "writer": SubagentDef(
+                description="Writes.", system_prompt="You are the writer.", tools=["write_file"], policy=ask
+            ),
+        },
+    )
+    handle = await client.start_workflow(AgentWorkflow.run, inp, id=wid, task_queue=tq)
+    for _ in range(400):
+        view = await handle.query(AgentWorkflow.status)
+        if view.pending_approvals:
+            break
+        await asyncio.sleep(0.05)
+    pending = view.pending_approvals[0]
+    child = client.get_workflow_handle(pending.workflow_id)
+    await child.signal("approve", ApproveSignal(approval_id=pending.approval_id, reviewer="alice"))
+    await handle.result()
+    return handle
+
+
 # Scenarios recorded here only (tests/scenarios.py holds the ones tests also run).
-RECORDED: dict[str, Scenario] = {**SCENARIOS, "junk_signals": junk_signals}
+RECORDED: dict[str, Scenario] = {**SCENARIOS, "junk_signals": junk_signals, "subagents": subagents}
 
 
 async def record(names: list[str]) -> None:
