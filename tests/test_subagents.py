@@ -450,3 +450,24 @@ async def test_a_tree_of_20_delegations_keeps_every_history_small(
         assert size < 1_000_000, (workflow_id, size)
     child = await dev_env.client.get_workflow_handle(children[-1], result_type=AgentResult).result()
     assert child.output == f"dug {CHILD_TURNS} rows"
+
+
+async def test_scripted_demo_delegates_when_the_task_asks(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
+) -> None:
+    require_bwrap()
+    helpers = {
+        name: SubagentDef(description=f"The {name}.", model="scripted:demo", tools=["write_file", "run_python"])
+        for name in ("analyst", "checker")
+    }
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(
+            dev_env.client, tq, model="scripted:demo", task="Delegate the prime statistics.", subagents=helpers
+        )
+        result = await handle.result()
+
+    assert result.status == "completed", result
+    lines = result.output.splitlines()
+    assert lines[0] == "Done. My sub-agents reported:"
+    assert lines[1].startswith("- analyst: ") and lines[2].startswith("- checker: ")
+    assert all("sandboxed Python said: primes below 60" in line for line in lines[1:])

@@ -6,6 +6,11 @@ HTTP GET (when the task has one), POST a reservation to ``<url>/reservations``
 when the task asks to reserve (a side effect, so policy asks for approval),
 then answer with what it saw. The same
 transcript always yields the same reply.
+
+Delegation: when the run offers sub-agents (tools whose arguments are ``{"task": str}``) and the
+task says "delegate", the first turn hands the task to every offered sub-agent at once (each gets
+the task without the word, so it plays the plan above instead of delegating again) and the answer
+lists what each returned.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ print(f"primes below 60: {len(primes)}, mean {statistics.mean(primes):.2f}, larg
 """
 
 _URL = re.compile(r"https?://[^\s'\"<>]+")
+_DELEGATE = re.compile(r"(?i)\bdelegat\w*\s*")
+SUBAGENT_ARGS_TITLE = "SubagentArgs"  # the schema title of a sub-agent's arguments (see activities.tools.registry)
 
 
 def _call(turn: int, index: int, name: str, args: dict[str, Any]) -> RecordedToolCall:
@@ -63,6 +70,19 @@ class ScriptedProvider:
                 response_id=f"scripted-{turn}",
             )
 
+        subagents = [
+            t["name"]
+            for t in tools
+            if isinstance(t.get("parameters"), dict) and t["parameters"].get("title") == SUBAGENT_ARGS_TITLE
+        ]
+        if turn == 0 and subagents and _DELEGATE.search(task):
+            part = _DELEGATE.sub("", task).strip() or task
+            calls = [_call(turn, i, name, {"task": part}) for i, name in enumerate(subagents)]
+            return reply(f"I'll delegate this to {', '.join(subagents)} in parallel.", calls, 30)
+        if any(m.name in subagents for m in tool_results):
+            lines = ["Done. My sub-agents reported:"]
+            lines += [f"- {m.name}: {m.content.replace(chr(10), ' ')[:300]}" for m in tool_results]
+            return reply("\n".join(lines), [], 60)
         http_calls = sum(1 for m in tool_results if m.name == "http_request")
         can_http = bool(url) and "http_request" in available
         if turn == 0 and {"write_file", "run_python"} <= available:
