@@ -471,3 +471,44 @@ async def test_scripted_demo_delegates_when_the_task_asks(
     assert lines[0] == "Done. My sub-agents reported:"
     assert lines[1].startswith("- analyst: ") and lines[2].startswith("- checker: ")
     assert all("sandboxed Python said: primes below 60" in line for line in lines[1:])
+
+
+def sharing_model(body: dict[str, Any]) -> Scripted:
+    messages = body["messages"]
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if messages[0]["content"] == "You are the peer.":
+        if results:
+            return Scripted(text=f"peer read: {results[0]}")
+        return Scripted(tool_calls=[("read_file", json.dumps({"path": "shared.txt"}))])
+    if not results:
+        return Scripted(tool_calls=[("write_file", json.dumps({"path": "shared.txt", "content": "from the parent"}))])
+    if len(results) == 1:
+        return Scripted(tool_calls=[("peer", json.dumps({"task": "read shared.txt"}))])
+    return Scripted(text=results[-1])
+
+
+async def test_a_sharing_subagent_works_in_its_parents_sandbox(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    require_bwrap()
+    llm.default = sharing_model
+    peer = SubagentDef(description="Reads.", system_prompt="You are the peer.", tools=["read_file"], share_sandbox=True)
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, subagents={"peer": peer})
+        result = await handle.result()
+        run_id = (await handle.describe()).run_id
+
+    assert result.status == "completed"
+    assert result.output == "peer read: from the parent"
+    workspace = Path(runtime.settings.state_dir) / "sandboxes" / sandbox_id_for(f"{handle.id}/{run_id}")
+    assert not workspace.exists(), "the parent kills the shared sandbox at its end"
+
+
+async def test_only_a_subagent_may_name_a_parents_sandbox(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
+) -> None:
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, parent_conversation="victim/run")
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "only a sub-agent may work in its own parent's sandbox" in str(failure.value.cause)

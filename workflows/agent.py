@@ -435,6 +435,10 @@ class AgentWorkflow:
             Message(role="user", content=inp.task),
         ]
         conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
+        if inp.parent_conversation and (
+            info.parent is None or not inp.parent_conversation.startswith(f"{info.parent.workflow_id}/")
+        ):
+            raise _invalid_input("parent_conversation: only a sub-agent may work in its own parent's sandbox")
         return Carry(
             conversation_id=conversation_id,
             step=0,
@@ -447,6 +451,7 @@ class AgentWorkflow:
             signing_required=config.signing_required,
             search_attributes=config.search_attributes,
             subagents=config.subagents,
+            shared_sandbox=inp.parent_conversation,
             budget=inp.budget
             or (
                 TreeBudget(
@@ -544,7 +549,12 @@ class AgentWorkflow:
                 append_failed = True
                 workflow.logger.warning("cleanup: storing the final tool results failed: %s", cause_text(err))
         # Runs recorded before this patch skipped the kill after a failed append; they replay unchanged.
-        if carry.sandbox_id and (not append_failed or workflow.patched(CLEANUP_STEPS_PATCH)):
+        # A sub-agent working in its parent's sandbox leaves it to the parent.
+        if (
+            carry.sandbox_id
+            and not carry.shared_sandbox
+            and (not append_failed or workflow.patched(CLEANUP_STEPS_PATCH))
+        ):
             try:
                 await workflow.execute_activity(
                     "sandbox_kill",

@@ -90,18 +90,19 @@ class ToolCallRunner:
         async def one(index: int, call: ToolCall) -> None:
             await self._run_call(inp, carry, call, decisions, approvals, index, base + index)
 
-        for group in self._groups(turn.tool_calls):
+        for group in self._groups(turn.tool_calls, carry):
             if len(group) == 1:
                 await one(group[0], turn.tool_calls[group[0]])
             else:  # concurrent; each call still writes its own position
                 await asyncio.gather(*(one(index, turn.tool_calls[index]) for index in group))
         carry.transcript_len = base + len(turn.tool_calls)
 
-    def _groups(self, calls: list[ToolCall]) -> list[list[int]]:
+    def _groups(self, calls: list[ToolCall], carry: Carry) -> list[list[int]]:
         """Call indexes in call order, grouped: consecutive concurrent calls together, every other call alone.
 
         Sub-agents (their own runs, sandboxes and budgets) and read-only tools outside the sandbox
-        run concurrently; side-effecting and sandbox tools run one at a time, in call order.
+        run concurrently; side-effecting and sandbox tools, and sub-agents that work in this run's
+        sandbox (``share_sandbox``), run one at a time, in call order.
         """
         groups: list[list[int]] = []
         readonly = [c for c in calls if not c.subagent and not c.side_effect and not c.uses_sandbox]
@@ -109,7 +110,8 @@ class ToolCallRunner:
         parallel_tools = len(readonly) > 1 and workflow.patched(PARALLEL_TOOLS_PATCH)
         previous = False
         for index, call in enumerate(calls):
-            concurrent = call.subagent or (
+            shares = call.subagent and call.name in carry.subagents and carry.subagents[call.name].share_sandbox
+            concurrent = (call.subagent and not shares) or (
                 parallel_tools and not call.subagent and not call.side_effect and not call.uses_sandbox
             )
             if concurrent and previous:
@@ -170,6 +172,9 @@ class ToolCallRunner:
             return f"Error: {limits}; {call.name} was not started.", False
         info = workflow.info()
         task = str(call.arguments.get("task", ""))
+        if definition.share_sandbox and not carry.sandbox_id:
+            # The child creates it (idempotent id) when it first needs it; this run kills it at its end.
+            carry.sandbox_id = sandbox_id_for(carry.conversation_id)
         child = AgentInput(
             task=task,
             model=definition.model,
@@ -182,6 +187,7 @@ class ToolCallRunner:
             subagents=dict(carry.subagents),
             depth=inp.depth + 1,
             budget=carry.budget,
+            parent_conversation=carry.conversation_id if definition.share_sandbox else "",
         )
         child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
         self.on_child(child_id)
@@ -365,9 +371,8 @@ class ToolCallRunner:
             return ""
         if self.sandbox_failure:
             return self.sandbox_failure
-        request = SandboxRequest(
-            sandbox_id=sandbox_id_for(carry.conversation_id), conversation_id=carry.conversation_id, tenant=inp.tenant
-        )
+        owner = carry.shared_sandbox or carry.conversation_id  # a sharing sub-agent's: its parent's
+        request = SandboxRequest(sandbox_id=sandbox_id_for(owner), conversation_id=owner, tenant=inp.tenant)
         try:
             ref = await workflow.execute_activity(
                 "sandbox_create",

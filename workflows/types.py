@@ -142,6 +142,7 @@ class Carry(BaseModel):
     subagents: dict[SubagentName, SubagentDef] = Field(default_factory=dict, max_length=MAX_SUBAGENTS)
     children_usage: Usage = Field(default_factory=Usage)  # what child runs spent (included in ``usage``)
     budget: TreeBudget | None = None  # set when the run is part of a tree of runs
+    shared_sandbox: str = ""  # the parent's conversation when the run works in its parent's sandbox
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -200,6 +201,9 @@ class AgentInput(BaseModel):
     )
     depth: int = Field(default=0, ge=0, le=MAX_DEPTH)  # of delegation: 0 for a run started from outside
     budget: TreeBudget | None = None  # a sub-agent's: the tree's budget it spends from (set by its parent)
+    # A sub-agent with ``share_sandbox``: its parent's conversation, whose sandbox it works in (checked
+    # against the run's actual parent, so no run can name another's workspace).
+    parent_conversation: str = Field(default="", max_length=1000)
     carry: Carry | None = None  # set only by continue-as-new
 
     @field_validator("task")
