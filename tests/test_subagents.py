@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, ExtensionSettings
 from durable_agents.cli.approvals import cmd_approve, cmd_pending
+from durable_agents.cli.watch import watch
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
@@ -512,3 +514,23 @@ async def test_only_a_subagent_may_name_a_parents_sandbox(
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
     assert "only a sub-agent may work in its own parent's sandbox" in str(failure.value.cause)
+
+
+async def test_watch_shows_the_children_indented_under_the_parent(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    llm.default = fan_out_model
+    rt = with_settings(runtime, subagents_file=write_definitions(tmp_path))
+    out = io.StringIO()
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(dev_env.client, tq, task="research and write")
+        await asyncio.wait_for(watch(dev_env.client, handle.id, json_lines=False, file=out), 60)
+        result = await handle.result()
+
+    assert result.status == "completed"
+    lines = out.getvalue().splitlines()
+    top = [line for line in lines if not line.startswith(" ")]
+    nested = [line for line in lines if line.startswith("  ") and not line.startswith("    ")]
+    assert any(f"delegating to researcher ({handle.id}/researcher/s1c0)" in line for line in top), lines
+    assert sum("finished: completed" in line for line in nested) == 2, lines
+    assert "finished: completed" in top[-1]

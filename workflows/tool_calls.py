@@ -142,7 +142,12 @@ class ToolCallRunner:
             self.emit("tool_finished", f"turn {carry.step}: {call.name} not run", call.name, ok=False)
             carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, refusal)))
             return
-        self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
+        if call.subagent:  # watchers follow the child's own progress from this event
+            child_id = child_workflow_id(call, carry, index)
+            text = f"turn {carry.step}: delegating to {call.name} ({child_id})"
+            self.emit("tool_started", text, call.name, child_workflow_id=child_id)
+        else:
+            self.emit("tool_started", f"turn {carry.step}: running {tool_summary(call)}", call.name)
         if call.subagent:
             await self._delegate(inp, carry, call, index, seq)
         else:
@@ -189,7 +194,7 @@ class ToolCallRunner:
             budget=carry.budget,
             parent_conversation=carry.conversation_id if definition.share_sandbox else "",
         )
-        child_id = f"{info.workflow_id}/{call.name}/s{carry.step}c{index}"
+        child_id = child_workflow_id(call, carry, index)
         self.on_child(child_id)
         self.children[child_id] = "started; no result yet"
         try:
@@ -395,6 +400,11 @@ class ToolCallRunner:
             return self.sandbox_failure
         carry.sandbox_id = ref.sandbox_id
         return ""
+
+
+def child_workflow_id(call: ToolCall, carry: Carry, index: int) -> str:
+    """The child run of a delegation: one per (run, step, call), so a retry or replay never starts two."""
+    return f"{workflow.info().workflow_id}/{call.name}/s{carry.step}c{index}"
 
 
 def child_limits(own: Limits, parent: Limits, carry: Carry, now: float) -> Limits | str:

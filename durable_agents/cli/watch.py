@@ -57,6 +57,8 @@ from workflows.progress import TOPIC, ProgressEvent
 Mode = Literal["json", "rich", "plain"]
 OnEvent = Callable[[int, ProgressEvent], Awaitable[None] | None]
 POLL_COOLDOWN = timedelta(milliseconds=100)
+SUBAGENT_INDENT = "  "
+CHILD_APPEAR_TRIES = 50  # a delegation is announced just before its child run starts
 DEFAULT_REVIEWER = Settings.reviewer  # "cli": the name in printed commands when none is given
 
 _STYLES: dict[str, str] = {
@@ -135,8 +137,10 @@ class EventPrinter:
         file: TextIO | None = None,
         show_commands: bool = True,
         reviewer: str | None = None,
+        indent: str = "",
     ) -> None:
         self.workflow_id = workflow_id
+        self.indent = indent  # a sub-agent's events are printed under its parent's, indented
         self.mode = mode
         self.file = file if file is not None else sys.stdout
         self.show_commands = show_commands
@@ -153,9 +157,9 @@ class EventPrinter:
             else []
         )
         if self._console is None:
-            print(f"{clock(event.at)} [step {event.step}] {event.kind}: {describe(event)}", file=self.file)
+            print(f"{self.indent}{clock(event.at)} [step {event.step}] {event.kind}: {describe(event)}", file=self.file)
             for command in commands:
-                print(f"    {command}", file=self.file)
+                print(f"{self.indent}    {command}", file=self.file)
             self.file.flush()
             return
         style = _STYLES.get(event.kind, "")
@@ -164,6 +168,7 @@ class EventPrinter:
         ):
             style = "bold red" if event.kind == "finished" else "red"
         line = Text.assemble(
+            self.indent,
             (clock(event.at), "dim"),
             " ",
             (f"step {event.step:<3}", "cyan"),
@@ -174,7 +179,7 @@ class EventPrinter:
         )
         self._console.print(line)
         for command in commands:
-            self._console.print(Text.assemble("    ", ("decide: ", "yellow"), command))
+            self._console.print(Text.assemble(self.indent, "    ", ("decide: ", "yellow"), command))
         self.file.flush()
 
 
@@ -188,20 +193,55 @@ async def watch(
     file: TextIO | None = None,
     poll_cooldown: timedelta = POLL_COOLDOWN,
     reviewer: str | None = None,
+    depth: int = 0,
 ) -> None:
     """Print a run's progress events from ``from_offset`` as they happen; return once the run has ended.
+
+    A sub-agent's events (announced by its parent's ``tool_started``) follow, indented under it,
+    until the sub-agent has ended too (not in ``json`` mode: there each run is watched on its own).
 
     ``on_event(offset, event)`` (sync or async) sees every event before it is printed; ``reviewer``
     is the name in the decide commands printed under approval requests.
     """
     out = file if file is not None else sys.stdout
-    printer = EventPrinter(workflow_id, mode=mode_for(json_lines, out), file=out, reviewer=reviewer)
-    async for offset, event in events(client, workflow_id, from_offset=from_offset, poll_cooldown=poll_cooldown):
-        if on_event is not None:
-            result = on_event(offset, event)
-            if inspect.isawaitable(result):
-                await result
-        printer(offset, event)
+    mode = mode_for(json_lines, out)
+    printer = EventPrinter(workflow_id, mode=mode, file=out, reviewer=reviewer, indent=SUBAGENT_INDENT * depth)
+    children: list[asyncio.Task[None]] = []
+    try:
+        async for offset, event in events(client, workflow_id, from_offset=from_offset, poll_cooldown=poll_cooldown):
+            if on_event is not None:
+                result = on_event(offset, event)
+                if inspect.isawaitable(result):
+                    await result
+            printer(offset, event)
+            child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
+            if isinstance(child_id, str) and child_id and mode != "json":
+                follow = _watch_child(client, child_id, out, poll_cooldown, reviewer, depth + 1)
+                children.append(asyncio.create_task(follow))
+        await asyncio.gather(*children)
+    finally:
+        for task in children:
+            task.cancel()
+
+
+async def _watch_child(
+    client: Client, child_id: str, out: TextIO, poll_cooldown: timedelta, reviewer: str | None, depth: int
+) -> None:
+    """A sub-agent's progress, indented under its parent's; it may take a moment to exist."""
+    for _ in range(CHILD_APPEAR_TRIES):
+        try:
+            await client.get_workflow_handle(child_id).describe()
+            break
+        except RPCError:
+            await asyncio.sleep(0.1)
+    else:
+        return
+    try:
+        await watch(
+            client, child_id, json_lines=False, file=out, poll_cooldown=poll_cooldown, reviewer=reviewer, depth=depth
+        )
+    except (RPCError, WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
+        print(f"{SUBAGENT_INDENT * depth}(sub-agent {child_id}: progress unavailable: {err})", file=out)
 
 
 # --- the command ------------------------------------------------------------------------
