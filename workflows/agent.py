@@ -9,6 +9,7 @@ tool calls and previews only, so it grows linearly with the number of steps.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -218,9 +219,8 @@ class AgentWorkflow:
     def _pending_in_tree(self) -> list[PendingApproval]:
         """This run's pending approvals, then its sub-agents' (each naming the run that waits for it)."""
         found = self._book.views()
-        for child_id in sorted(self._child_pending):
-            found.extend(self._child_pending[child_id][1])
-        return found[:MAX_CHILD_APPROVALS]
+        theirs = [a for child_id in sorted(self._child_pending) for a in self._child_pending[child_id][1]]
+        return found + theirs[:MAX_CHILD_APPROVALS]
 
     def _report_to_parent(self, pending: list[PendingApproval]) -> None:
         """A sub-agent tells its parent when what waits in its part of the tree changed."""
@@ -236,7 +236,10 @@ class AgentWorkflow:
         report = ChildApprovalsSignal(
             child_id=me,
             seq=self._report_seq,
-            approvals=[a.model_copy(update={"workflow_id": a.workflow_id or me}) for a in pending],
+            approvals=[
+                a.model_copy(update={"workflow_id": a.workflow_id or me, "args": _bounded_args(a.args)})
+                for a in pending[:MAX_CHILD_APPROVALS]
+            ],
         )
         task = asyncio.ensure_future(_signal_parent(parent.workflow_id, report))
         self._reports.add(task)
@@ -610,6 +613,16 @@ def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:
     if longest > MAX_APPROVAL_TIMEOUT_S:
         raise _invalid_input(f"{where}: approval_timeout_s must be at most {MAX_APPROVAL_TIMEOUT_S} (365 days)")
     return policy
+
+
+REPORTED_ARGS_CHARS = 4000  # of one approval's arguments in a report to the parent (signals are size-limited)
+
+
+def _bounded_args(args: dict[str, Any]) -> dict[str, Any]:
+    text = json.dumps(args, sort_keys=True, default=str)
+    if len(text) <= REPORTED_ARGS_CHARS:
+        return args
+    return {"_preview": safe(text, REPORTED_ARGS_CHARS), "_note": "arguments cut; see the sub-agent's own status"}
 
 
 async def _signal_parent(parent_id: str, report: ChildApprovalsSignal) -> None:
