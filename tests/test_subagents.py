@@ -23,7 +23,7 @@ from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
 from workflows.identity import sandbox_id_for
 from workflows.tool_calls import child_policy
-from workflows.types import AgentInput, AgentResult, Limits, SubagentDef
+from workflows.types import AgentInput, AgentResult, Limits, SubagentDef, TreeBudget
 
 CHILD_DELAY_S = 1.5
 DEFINITIONS = {
@@ -534,3 +534,14 @@ async def test_watch_shows_the_children_indented_under_the_parent(
     assert any(f"delegating to researcher ({handle.id}/researcher/s1c0)" in line for line in top), lines
     assert sum("finished: completed" in line for line in nested) == 2, lines
     assert "finished: completed" in top[-1]
+
+
+async def test_only_a_subagent_may_spend_from_a_trees_budget(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
+) -> None:
+    budget = TreeBudget(root="someone/else", max_tokens=10, max_cost_usd=0)
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, budget=budget)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "only a sub-agent spends from a tree's budget" in str(failure.value.cause)

@@ -442,6 +442,8 @@ class AgentWorkflow:
             info.parent is None or not inp.parent_conversation.startswith(f"{info.parent.workflow_id}/")
         ):
             raise _invalid_input("parent_conversation: only a sub-agent may work in its own parent's sandbox")
+        if inp.budget is not None and info.parent is None:
+            raise _invalid_input("budget: only a sub-agent spends from a tree's budget (set by its parent)")
         return Carry(
             conversation_id=conversation_id,
             step=0,
