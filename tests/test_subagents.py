@@ -545,3 +545,10 @@ async def test_only_a_subagent_may_spend_from_a_trees_budget(
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
     assert "only a sub-agent spends from a tree's budget" in str(failure.value.cause)
+
+
+def test_the_example_definitions_load(runtime: Runtime) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "subagents.json"
+    rt = with_settings(runtime, subagents_file=str(example))
+    assert sorted(rt.subagents) == ["analyst", "reviewer"]
+    assert rt.subagents["reviewer"].share_sandbox
