@@ -536,6 +536,28 @@ async def test_watch_shows_the_children_indented_under_the_parent(
     assert "finished: completed" in top[-1]
 
 
+async def test_run_follow_shows_the_children_indented_under_the_parent(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from durable_agents.cli.run import DemoModelNote, _follow_stream
+
+    llm.default = fan_out_model
+    rt = with_settings(runtime, subagents_file=write_definitions(tmp_path))
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_agent(dev_env.client, tq, task="research and write")
+        result = await asyncio.wait_for(_follow_stream(dev_env.client, handle, reviewer=None, note=DemoModelNote()), 60)
+
+    assert result.status == "completed"
+    lines = capsys.readouterr().out.splitlines()
+    nested = [line for line in lines if line.startswith("  ") and not line.startswith("    ")]
+    assert sum("finished: completed" in line for line in nested) == 2, lines
+
+
 async def test_only_a_subagent_may_spend_from_a_trees_budget(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory
 ) -> None:

@@ -36,7 +36,7 @@ from durable_agents.cli.common import (
     warn_when_no_worker,
 )
 from durable_agents.cli.review import FollowReviewer
-from durable_agents.cli.watch import EventPrinter, events, mode_for
+from durable_agents.cli.watch import POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
@@ -303,9 +303,14 @@ class _FollowPrinter:
     """Progress lines for ``run --follow``: held while an approval prompt is open, then printed in order."""
 
     def __init__(
-        self, handle: WorkflowHandle[Any, AgentResult], reviewer: FollowReviewer | None, note: DemoModelNote
+        self,
+        client: Client,
+        handle: WorkflowHandle[Any, AgentResult],
+        reviewer: FollowReviewer | None,
+        note: DemoModelNote,
     ) -> None:
-        self.handle, self.reviewer, self.note = handle, reviewer, note
+        self.client, self.handle, self.reviewer, self.note = client, handle, reviewer, note
+        self.children: list[asyncio.Task[None]] = []  # sub-agents' progress, printed indented
         self.printer = EventPrinter(handle.id, mode=mode_for(False, sys.stdout), show_commands=False)
         self.held: list[tuple[int, ProgressEvent]] = []
         self.announced = False
@@ -327,6 +332,10 @@ class _FollowPrinter:
         for offset, event in held:
             self.printer(offset, event)
             on_interrupt(reattach_note(self.handle.id, offset + 1))
+            child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
+            if isinstance(child_id, str) and child_id:
+                follow = watch_child(self.client, child_id, sys.stdout, POLL_COOLDOWN, None, 1)
+                self.children.append(asyncio.ensure_future(follow))
 
     async def _status(self) -> StatusView | None:
         try:
@@ -346,7 +355,7 @@ async def _follow_stream(
     client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None, note: DemoModelNote
 ) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
-    printer = _FollowPrinter(handle, reviewer, note)
+    printer = _FollowPrinter(client, handle, reviewer, note)
 
     async def pump() -> None:
         async for offset, event in events(client, handle.id):
@@ -368,6 +377,10 @@ async def _follow_stream(
     if not watcher.done():
         await asyncio.wait({watcher}, timeout=DRAIN_S)  # the run's last events are on their way
         watcher.cancel()
+    if printer.children:
+        await asyncio.wait(printer.children, timeout=DRAIN_S)
+        for child in printer.children:
+            child.cancel()
     [ended] = await asyncio.gather(watcher, return_exceptions=True)
     if isinstance(ended, BrokenPipeError):
         raise ended

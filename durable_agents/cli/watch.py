@@ -216,7 +216,7 @@ async def watch(
             printer(offset, event)
             child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
             if isinstance(child_id, str) and child_id and mode != "json":
-                follow = _watch_child(client, child_id, out, poll_cooldown, reviewer, depth + 1)
+                follow = watch_child(client, child_id, out, poll_cooldown, reviewer, depth + 1)
                 children.append(asyncio.create_task(follow))
         await asyncio.gather(*children)
     finally:
@@ -224,7 +224,7 @@ async def watch(
             task.cancel()
 
 
-async def _watch_child(
+async def watch_child(
     client: Client, child_id: str, out: TextIO, poll_cooldown: timedelta, reviewer: str | None, depth: int
 ) -> None:
     """A sub-agent's progress, indented under its parent's; it may take a moment to exist."""
