@@ -57,7 +57,7 @@ async def _serve(settings: Settings) -> int:
     telemetry.configure_tracing("durable-agents-worker", settings.observability)
     try:
         plugin = DurableAgentsPlugin(settings)
-        await plugin.runtime.check()
+        await plugin.check()  # before connecting; the worker's own run does not repeat it
     except ConfigurationError as exc:
         log.error("bad_configuration", error=str(exc))
         return 2

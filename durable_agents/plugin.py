@@ -121,9 +121,7 @@ class DurableAgentsPlugin(SimplePlugin):
         """Around each worker: the runtime checked and search attributes registered once, the reaper while it
         runs, the runtime closed after. A failed check raises ``ConfigurationError`` from ``Worker.run``."""
         client = worker.client
-        if not self._checked:  # a store or sandbox that cannot work stops the worker before it polls
-            await self.runtime.check()
-            self._checked = True
+        await self.check()  # a store or sandbox that cannot work stops the worker before it polls
         if self._search_attributes and not self.runtime.search_attributes_ready:
             self.runtime.search_attributes_ready = await ensure_search_attributes(client)
         reaper = (
@@ -146,6 +144,12 @@ class DurableAgentsPlugin(SimplePlugin):
                     await reaper
             if self._owns_runtime and self._running_workers == 0:
                 await self.runtime.aclose()
+
+    async def check(self) -> None:
+        """``Runtime.check()`` once per plugin: at the first worker, or earlier when the caller asks."""
+        if not self._checked:
+            await self.runtime.check()
+            self._checked = True
 
     async def aclose(self) -> None:
         """Close the runtime (store, provider connections); for callers that never ran a worker."""

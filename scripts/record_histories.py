@@ -28,7 +28,7 @@ from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.scenarios import SCENARIOS, Handle, Scenario
+from tests.scenarios import SCENARIOS, Handle, Scenario, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
@@ -45,11 +45,7 @@ async def junk_signals(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSi
     ask = {"rules": [{"name": "ask-reads", "tool": "read_file", "decision": "ask"}]}
     inp = AgentInput(task="ignore the junk", approvers=["alice"], policy=ask)
     handle = await client.start_workflow(AgentWorkflow.run, inp, id=wid, task_queue=tq)
-    for _ in range(400):
-        view = await handle.query(AgentWorkflow.status)
-        if view.pending_approvals:
-            break
-        await asyncio.sleep(0.05)
+    view = await pending_view(handle)
     aid = view.pending_approvals[0].approval_id
     surrogate = RawValue(Payload(metadata={"encoding": b"json/plain"}, data=b'{"approval_id": "\\ud800"}'))
     junk: list[tuple[str, list[Any]]] = [
@@ -107,11 +103,7 @@ async def subagents(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink,
         },
     )
     handle = await client.start_workflow(AgentWorkflow.run, inp, id=wid, task_queue=tq)
-    for _ in range(400):
-        view = await handle.query(AgentWorkflow.status)
-        if view.pending_approvals:
-            break
-        await asyncio.sleep(0.05)
+    view = await pending_view(handle)
     pending = view.pending_approvals[0]
     child = client.get_workflow_handle(pending.workflow_id)
     await child.signal("approve", ApproveSignal(approval_id=pending.approval_id, reviewer="alice"))

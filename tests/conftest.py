@@ -23,6 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.runtime import Runtime
+from activities.sandbox.local import LocalSandboxBackend
 from activities.settings import ExtensionSettings, ProviderEndpoint, Settings
 from tests.fakes.llm_server import FakeLLMServer
 from worker import build_worker
@@ -43,6 +44,13 @@ def require_bwrap() -> None:
             "bubblewrap (bwrap) is required for sandbox tests: install it with `apt-get install bubblewrap` "
             "(make test does this automatically when run as root)"
         )
+
+
+async def remove_all(backend: LocalSandboxBackend) -> None:
+    """Kill whatever a test left in ``backend`` (a loop-mounted workspace would stay mounted otherwise)."""
+    for record in await backend.list_sandboxes():
+        await backend.kill(record.sandbox_id)
+    backend.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, ApproveSignal, Limits, RejectSignal
+from workflows.types import AgentInput, AgentResult, ApproveSignal, Limits, RejectSignal, StatusView
 
 Handle = WorkflowHandle[AgentWorkflow, AgentResult]
 Scenario = Callable[[Client, str, FakeLLMServer, HttpSink, str], Awaitable[Handle]]
@@ -29,13 +29,18 @@ async def _start(client: Client, task_queue: str, workflow_id: str, **fields: An
     return await client.start_workflow(AgentWorkflow.run, AgentInput(**fields), id=workflow_id, task_queue=task_queue)
 
 
-async def _pending_ids(handle: Handle, count: int) -> list[str]:
+async def pending_view(handle: WorkflowHandle[Any, Any], count: int = 1) -> StatusView:
+    """The run's status once at least ``count`` approvals wait (20 s at most)."""
     for _ in range(400):
-        view = await handle.query(AgentWorkflow.status)
+        view: StatusView = await handle.query(AgentWorkflow.status)
         if len(view.pending_approvals) >= count:
-            return [p.approval_id for p in view.pending_approvals]
+            return view
         await asyncio.sleep(0.05)
-    raise AssertionError(f"expected {count} pending approvals")
+    raise AssertionError(f"expected {count} pending approval(s)")
+
+
+async def _pending_ids(handle: Handle, count: int) -> list[str]:
+    return [p.approval_id for p in (await pending_view(handle, count)).pending_approvals]
 
 
 async def tools_and_errors(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:

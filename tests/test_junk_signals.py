@@ -29,7 +29,7 @@ from pydantic import SecretStr
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.testing import WorkflowEnvironment
 
@@ -37,10 +37,11 @@ from activities.runtime import Runtime
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
+from tests.scenarios import pending_view
 from workflows.agent import AgentWorkflow
 from workflows.identity import decision_signature
 from workflows.progress import PUBLISH_SIGNAL
-from workflows.types import AgentResult, ApproveSignal, StatusView
+from workflows.types import ApproveSignal
 
 KEY = "junk-signals-key"
 MARK = "BIG-" + uuid.uuid4().hex  # starts every oversized field, to find it in history
@@ -114,15 +115,6 @@ def worker_task_failures(events: Sequence[HistoryEvent]) -> list[HistoryEvent]:
         and e.workflow_task_failed_event_attributes.cause
         != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND
     ]
-
-
-async def pending_view(handle: WorkflowHandle[AgentWorkflow, AgentResult]) -> StatusView:
-    for _ in range(400):
-        view = await handle.query(AgentWorkflow.status)
-        if view.pending_approvals:
-            return view
-        await asyncio.sleep(0.05)
-    raise AssertionError("no approval was requested")
 
 
 async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_approval(

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -31,24 +30,12 @@ from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBack
 from activities.settings import Settings
 from activities.tools import builtins
 from activities.tools.spec import ToolContext, ToolError
+from tests.conftest import remove_all, require_bwrap
 from workflows.types import ToolInvocation
 
 GUARD_S = 15.0
 QUICK_S = 1.0  # a refusal takes milliseconds; this leaves room for a loaded test host
 MIB = 1024 * 1024
-
-
-def require_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.fail(
-            "bubblewrap (bwrap) is required for the sandbox tests: install it with `apt-get install bubblewrap`"
-        )
-
-
-async def remove_all(backend: LocalSandboxBackend) -> None:
-    for record in await backend.list_sandboxes():
-        await backend.kill(record.sandbox_id)
-    backend.close()
 
 
 @pytest.fixture

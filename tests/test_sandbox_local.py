@@ -23,6 +23,7 @@ from activities.sandbox.factory import backend_for
 from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, LocalSandboxSettings, SandboxSettings, Settings
+from tests.conftest import remove_all
 
 PROJECT = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
@@ -37,13 +38,6 @@ def require_bwrap() -> None:
 
 def host_exists(path: str) -> bool:
     return Path(path).exists()
-
-
-async def remove_all(backend: LocalSandboxBackend) -> None:
-    """Kill whatever a test left behind (a loop-mounted workspace would stay mounted otherwise)."""
-    for record in await backend.list_sandboxes():
-        await backend.kill(record.sandbox_id)
-    backend.close()
 
 
 @pytest.fixture

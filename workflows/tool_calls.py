@@ -156,13 +156,7 @@ class ToolCallRunner:
     async def _delegate(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         """Run the sub-agent as a child ``AgentWorkflow``; its output becomes the call's result."""
         text, ok = await self._child_result(inp, carry, call, index)
-        self.emit(
-            "tool_finished",
-            f"turn {carry.step}: {call.name} {'ok' if ok else 'failed'}",
-            call.name,
-            ok=ok,
-            preview=text[:200],
-        )
+        self._finished(carry, call, ok, text)
         message = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=not ok)
         carry.pending.append(TranscriptEntry(seq=seq, message=message))
 
@@ -227,6 +221,15 @@ class ToolCallRunner:
         if result.status != "completed":
             text += f"\n[sub-agent {call.name} ({child_id}) ended {result.status} after {result.steps} steps]"
         return text, result.status == "completed"
+
+    def _finished(self, carry: Carry, call: ToolCall, ok: bool, preview: str) -> None:
+        self.emit(
+            "tool_finished",
+            f"turn {carry.step}: {call.name} {'ok' if ok else 'failed'}",
+            call.name,
+            ok=ok,
+            preview=preview[:200],
+        )
 
     def _policy_for(self, call: ToolCall) -> Decision:
         return decide(
@@ -324,14 +327,7 @@ class ToolCallRunner:
             invocation = invocation.model_copy(update={"resolution": verdict.outcome, "resolution_note": note})
             outcome = await self._invoke(call, invocation)
         ok = isinstance(outcome, ToolOutcome) and outcome.ok
-        preview = outcome if isinstance(outcome, str) else outcome.preview
-        self.emit(
-            "tool_finished",
-            f"turn {carry.step}: {call.name} {'ok' if ok else 'failed'}",
-            call.name,
-            ok=ok,
-            preview=preview[:200],
-        )
+        self._finished(carry, call, ok, outcome if isinstance(outcome, str) else outcome.preview)
         if isinstance(outcome, str):
             carry.pending.append(TranscriptEntry(seq=seq, message=tool_error(call, outcome)))
         elif call.side_effect and outcome.ok:
