@@ -9,17 +9,30 @@ Ledger entries are addressed by idempotency key (see ``activities.store.ledger``
 
 Budget rows are one per model turn of a tree of runs, under the tree's root (see
 ``activities.store.budget``).
+
+Blobs are content-addressed: stored once under ``"sha256:<64 hex>"`` of their
+bytes, zlib-compressed when that makes them smaller, and checked against that
+digest whenever they are read back (the helpers below are shared by both stores).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import hashlib
+import re
+import zlib
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
 from activities.store.budget import BudgetSpent, BudgetVerdict
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from workflows.types import Message
+
+MAX_BLOB_BYTES = 64 * 1024 * 1024
+_BLOB_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_BLOB_ZLIB_LEVEL = 6
+
+BlobEncoding = Literal["zlib", "raw"]
 
 
 class StoreError(Exception):
@@ -30,6 +43,52 @@ class StoredMessage(BaseModel):
     seq: int
     message: Message
     meta: dict[str, object] = Field(default_factory=dict)
+
+
+def blob_digest(data: bytes) -> str:
+    """``"sha256:<64 lowercase hex>"`` of ``data``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def is_blob_digest(value: object) -> bool:
+    """Whether ``value`` is a well-formed blob digest (``sha256:`` then 64 lowercase hex digits)."""
+    return isinstance(value, str) and _BLOB_DIGEST.fullmatch(value) is not None
+
+
+def encode_blob(data: bytes) -> tuple[str, BlobEncoding, bytes]:
+    """``(digest, encoding, stored bytes)`` for ``data``: zlib when that is smaller, else ``data`` as it is.
+
+    ``ValueError`` when ``data`` is over ``MAX_BLOB_BYTES``.
+    """
+    if len(data) > MAX_BLOB_BYTES:
+        raise ValueError(f"blob of {len(data)} bytes is over the limit of {MAX_BLOB_BYTES} bytes")
+    data = bytes(data)
+    packed = zlib.compress(data, _BLOB_ZLIB_LEVEL)
+    if len(packed) < len(data):
+        return blob_digest(data), "zlib", packed
+    return blob_digest(data), "raw", data
+
+
+def decode_blob(digest: str, size: int, encoding: str, stored: bytes) -> bytes:
+    """The original bytes of a stored blob row; ``StoreError`` naming ``digest`` unless they are its bytes."""
+    if encoding == "raw":
+        data = bytes(stored)
+    elif encoding == "zlib":
+        inflater = zlib.decompressobj()
+        try:
+            # Inflate at most one byte past the recorded size: a corrupted row must not expand without bound
+            # (the +1 also keeps the limit positive, since 0 would mean no limit at all).
+            data = inflater.decompress(stored, max(0, min(size, MAX_BLOB_BYTES)) + 1)
+        except zlib.error as exc:
+            raise StoreError(f"blob {digest} is corrupt: cannot inflate it ({exc})") from None
+    else:
+        raise StoreError(f"blob {digest} is corrupt: unknown encoding {encoding!r}")
+    if len(data) != size:
+        raise StoreError(f"blob {digest} is corrupt: {len(data)} bytes where {size} were stored")
+    actual = blob_digest(data)
+    if actual != digest:
+        raise StoreError(f"blob {digest} is corrupt: its bytes hash to {actual}")
+    return data
 
 
 class RunStore(Protocol):
@@ -81,6 +140,21 @@ class RunStore(Protocol):
 
     async def budget_spent(self, root: str) -> BudgetSpent:
         """What the tree ``root`` has spent (inspection and tests)."""
+        ...
+
+    async def put_blob(self, data: bytes) -> str:
+        """Store ``data`` once under its digest ``"sha256:<64 hex>"`` and return the digest.
+
+        Idempotent: a second put of the same bytes stores nothing new.
+        ``ValueError`` when ``data`` is over ``MAX_BLOB_BYTES``.
+        """
+        ...
+
+    async def get_blob(self, digest: str) -> bytes | None:
+        """The bytes stored under ``digest``, or None (also for a malformed digest).
+
+        ``StoreError`` naming the digest when the stored bytes do not hash to it.
+        """
         ...
 
     async def close(self) -> None: ...

@@ -8,6 +8,7 @@ opens on first use, which also applies any missing schema migration.
 Messages and meta are JSON in ``text`` columns rather than ``jsonb``: ``jsonb``
 rejects ``\\u0000``, which a tool's output may well contain. Raw text columns
 (ledger ``result``/``note``) cannot hold NUL at all, so NUL is stored as U+FFFD.
+Blobs are ``bytea``, which holds any bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 import activities.store.budget as budget
-from activities.store.base import StoredMessage, StoreError
+from activities.store.base import StoredMessage, StoreError, decode_blob, encode_blob, is_blob_digest
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
 
@@ -70,6 +71,17 @@ _MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (root, key)
     );
+    """,
+    # STORAGE EXTERNAL: the data is zlib-compressed already (or incompressible), so TOAST need not try again.
+    """
+    CREATE TABLE blobs (
+        digest TEXT PRIMARY KEY,
+        size BIGINT NOT NULL,
+        encoding TEXT NOT NULL,
+        data BYTEA NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL;
     """,
 )
 # pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
@@ -337,6 +349,30 @@ class PostgresRunStore:
         async with self._conn() as conn:
             rows = await self._budget_rows(conn, root)
         return budget.spent(rows, time.time())
+
+    # --- blobs ----------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes) -> str:
+        # Hashing and compressing up to MAX_BLOB_BYTES takes a while: not on the event loop.
+        digest, encoding, stored = await asyncio.to_thread(encode_blob, data)
+        async with self._conn() as conn:
+            # Same digest, same bytes: whoever inserted first stored exactly what we would.
+            await conn.execute(
+                "INSERT INTO blobs (digest, size, encoding, data, created_at) VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT (digest) DO NOTHING",
+                (digest, len(data), encoding, stored, time.time()),
+            )
+        return digest
+
+    async def get_blob(self, digest: str) -> bytes | None:
+        if not is_blob_digest(digest):
+            return None
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT size, encoding, data FROM blobs WHERE digest = %s", (digest,))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return await asyncio.to_thread(decode_blob, digest, row[0], row[1], row[2])
 
     async def close(self) -> None:
         async with self._opening:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import activities.store.budget as budget
-from activities.store.base import StoredMessage, StoreError
+from activities.store.base import StoredMessage, StoreError, decode_blob, encode_blob, is_blob_digest
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from workflows.types import Message
 
@@ -52,6 +52,13 @@ CREATE TABLE IF NOT EXISTS budget (
     cost_usd REAL NOT NULL DEFAULT 0,
     at REAL NOT NULL,
     PRIMARY KEY (root, key)
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    encoding TEXT NOT NULL,
+    data BLOB NOT NULL,
+    created_at REAL NOT NULL
 );
 """
 _LEDGER_COLUMNS = (
@@ -271,3 +278,28 @@ class SQLiteRunStore:
 
     async def budget_spent(self, root: str) -> budget.BudgetSpent:
         return await asyncio.to_thread(self._budget_spent, root)
+
+    # --- blobs ----------------------------------------------------------------------
+
+    def _put_blob(self, data: bytes) -> str:
+        digest, encoding, stored = encode_blob(data)
+        with self._lock:
+            # Same digest, same bytes: whoever inserted first stored exactly what we would.
+            self._conn.execute(
+                "INSERT OR IGNORE INTO blobs (digest, size, encoding, data, created_at) VALUES (?, ?, ?, ?, ?)",
+                (digest, len(data), encoding, stored, time.time()),
+            )
+        return digest
+
+    def _get_blob(self, digest: str) -> bytes | None:
+        with self._lock:
+            row = self._conn.execute("SELECT size, encoding, data FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        return decode_blob(digest, row[0], row[1], row[2]) if row else None
+
+    async def put_blob(self, data: bytes) -> str:
+        return await asyncio.to_thread(self._put_blob, data)
+
+    async def get_blob(self, digest: str) -> bytes | None:
+        if not is_blob_digest(digest):
+            return None
+        return await asyncio.to_thread(self._get_blob, digest)
