@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test server stop bwrap venv lint bench clean
+.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers
 
 venv: $(STAMP)
 
@@ -39,7 +39,21 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-test: venv bwrap lint
+# Third-party MCP servers the MCP tests run against (pinned; installed once into .agent/npm).
+EVERYTHING_VERSION := 2026.8.31
+EVERYTHING_STAMP := .agent/npm/.everything-$(EVERYTHING_VERSION).stamp
+
+mcp-servers:
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: MCP tests that need @modelcontextprotocol/server-everything will be skipped (install node + npm, then run 'make mcp-servers')"; \
+	elif [ ! -f $(EVERYTHING_STAMP) ]; then \
+	  mkdir -p .agent/npm && \
+	  echo "npm install --no-audit --no-fund --prefix .agent/npm @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION)" && \
+	  npm install --no-audit --no-fund --prefix .agent/npm @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION) && \
+	  touch $(EVERYTHING_STAMP); \
+	fi
+
+test: venv bwrap mcp-servers lint
 	$(VENV)/bin/pytest
 
 bench: venv bwrap
