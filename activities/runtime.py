@@ -15,6 +15,8 @@ from typing import Any
 
 from activities import catalog
 from activities.approvals import load_policy
+from activities.mcp.config import McpConfig, load_mcp_config
+from activities.mcp.pool import McpPool
 from activities.models.base import FatalProviderError
 from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
@@ -40,6 +42,7 @@ class Runtime:
     policy: dict[str, Any] = field(default_factory=dict)  # the operator's policy, snapshotted into each run
     subagents: dict[str, SubagentDef] = field(default_factory=dict)  # AGENT_SUBAGENTS_FILE, snapshotted too
     search_attributes_ready: bool = False  # set by the plugin once it checked the namespace
+    mcp: McpPool = field(default_factory=lambda: McpPool(McpConfig()))  # AGENT_MCP_CONFIG's servers
     _sandbox_backend: SandboxBackend | None = field(default=None, repr=False)
     _store: RunStore | None = field(default=None, repr=False)
 
@@ -55,6 +58,8 @@ class Runtime:
 
         Raises :class:`ConfigurationError` (one line, naming the variable) for anything a run would trip on.
         """
+        mcp_config = load_mcp_config(settings)
+        settings = settings.with_secrets(mcp_config.secrets)  # redacted wherever the settings' secrets are
         tools = tools if tools is not None else catalog.tool_registry(settings)
         providers = providers if providers is not None else catalog.provider_registry(settings)
         try:
@@ -70,6 +75,7 @@ class Runtime:
             prices=PriceTable.load(settings.prices_file),
             policy=load_policy(settings.policy_file),
             subagents=load_subagents(settings.subagents_file, tools.names(), RESERVED_NAMES),
+            mcp=McpPool(mcp_config, tuple(settings.secret_values())),
         )
 
     @property
@@ -109,7 +115,9 @@ class Runtime:
             raise ConfigurationError(f"AGENT_SANDBOX={self.settings.sandbox.backend}: {exc}") from None
 
     async def aclose(self) -> None:
-        """Close provider connections and the store; a later use opens them again."""
+        """Stop MCP servers, close provider connections and the store; a later use opens them again."""
+        pool, self.mcp = self.mcp, McpPool(self.mcp.config, tuple(self.settings.secret_values()))
+        await pool.aclose()
         await self.providers.aclose()
         store, self._store = self._store, None
         if store is not None:

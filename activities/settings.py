@@ -19,9 +19,10 @@ Parts::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -133,10 +134,13 @@ class Settings:
     prices_file: str = ""
     policy_file: str = ""
     subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
+    mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
     approval_key: SecretStr | None = None
     reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
     # The rest of the environment, for operator extensions (``variable``); never printed.
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
+    # Secrets that configuration files brought in (``${VAR}`` values of MCP servers); see ``with_secrets``.
+    extra_secrets: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -187,6 +191,7 @@ class Settings:
             prices_file=reader.text("AGENT_PRICES"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
             subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
+            mcp_config=reader.text("AGENT_MCP_CONFIG"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
             reviewer=reader.text("USER") or "cli",
             environ=MappingProxyType(env),
@@ -210,7 +215,12 @@ class Settings:
             for s in (self.openai.api_key, self.anthropic.api_key, self.sandbox.e2b_api_key, self.approval_key)
             if s is not None and s.get_secret_value()
         ]
-        return [*keys, *url_passwords(self.store_url)]
+        return [*keys, *url_passwords(self.store_url), *self.extra_secrets]
+
+    def with_secrets(self, secrets: Iterable[str]) -> Settings:
+        """These settings, also redacting ``secrets`` (values a configuration file pulled from the environment)."""
+        merged = tuple(dict.fromkeys([*self.extra_secrets, *(s for s in secrets if s)]))
+        return dataclasses.replace(self, extra_secrets=merged)
 
 
 class _Reader:

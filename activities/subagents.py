@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from activities.settings import ConfigurationError, bad_file
 from workflows.policy import parse_run_policy
-from workflows.types import MAX_SUBAGENTS, SubagentDef, SubagentName
+from workflows.types import MAX_SUBAGENTS, MCP_PREFIX, SubagentDef, SubagentName
 
 _DEFINITIONS: TypeAdapter[dict[SubagentName, SubagentDef]] = TypeAdapter(dict[SubagentName, SubagentDef])
 
@@ -25,7 +25,8 @@ def problem(name: str, definition: SubagentDef, tools: Collection[str], reserved
     """Why ``definition`` cannot be offered by this worker, or ``""``."""
     if name in tools or name in reserved:
         return f"sub-agent {name!r} has the name of a tool"
-    unknown = sorted(set(definition.tools or []) - set(tools))
+    # MCP tools (mcp__server__tool, globs too) are resolved against the servers when the sub-agent's run starts.
+    unknown = sorted(t for t in set(definition.tools or []) - set(tools) if not t.startswith(MCP_PREFIX))
     if unknown:
         return f"sub-agent {name!r} names unknown tools {unknown}"
     try:

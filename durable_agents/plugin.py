@@ -39,6 +39,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from activities.approvals import ApprovalActivities
+from activities.mcp.activity import McpActivities
 from activities.models.activity import ModelActivities
 from activities.models.registry import ProviderRegistry
 from activities.runtime import Runtime
@@ -59,6 +60,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     model = ModelActivities(runtime)
     sandbox = SandboxActivities(runtime)
     transcript = TranscriptActivities(runtime)
+    mcp = McpActivities(runtime)
     return [
         model.run_config,
         ApprovalActivities(runtime.settings).verify_decision,
@@ -67,6 +69,8 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         CompensationActivities(runtime).compensate,
         sandbox.sandbox_create,
         sandbox.sandbox_kill,
+        mcp.mcp,
+        mcp.mcp_release,
         *tool_activities(runtime),
     ]
 

@@ -135,6 +135,7 @@ class AgentWorkflow:
         self._report_seq = 0
         self._reports: set[asyncio.Future[None]] = set()
         self._child_reports_on = bool(self._input and self._input.depth > 0)  # started by an AgentWorkflow
+        self._start_notes: list[str] = []  # what the run starts without (RunConfig.notes)
 
     # --- public read side ----------------------------------------------------------
 
@@ -355,7 +356,8 @@ class AgentWorkflow:
         self._children_usage = carry.children_usage
         self._search_attributes = carry.search_attributes
         if inp.carry is None:
-            self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}")
+            notes = "".join(f"\n{note}" for note in self._start_notes)
+            self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}{notes}")
         self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
         self._tools = ToolCallRunner(
@@ -438,6 +440,7 @@ class AgentWorkflow:
             Message(role="user", content=inp.task),
         ]
         conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
+        self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]
         if inp.parent_conversation and (
             info.parent is None or not inp.parent_conversation.startswith(f"{info.parent.workflow_id}/")
         ):
@@ -457,6 +460,8 @@ class AgentWorkflow:
             search_attributes=config.search_attributes,
             subagents=config.subagents,
             shared_sandbox=inp.parent_conversation,
+            mcp_snapshot=config.mcp_snapshot,
+            mcp_per_run=config.mcp_per_run,
             budget=inp.budget
             or (
                 TreeBudget(
@@ -523,6 +528,7 @@ class AgentWorkflow:
             tools=carry.tools,
             subagents={name: d.description for name, d in carry.subagents.items()},
             budget=carry.budget,
+            mcp_snapshot=carry.mcp_snapshot,
         )
         turn: ModelTurn = await workflow.execute_activity(
             "model",
@@ -571,6 +577,19 @@ class AgentWorkflow:
                 carry.sandbox_id = ""
             except ActivityError as err:
                 workflow.logger.warning("cleanup: killing sandbox %s failed: %s", carry.sandbox_id, cause_text(err))
+        # Only runs with per-run MCP servers (none recorded before MCP existed) schedule this.
+        if carry.mcp_per_run:
+            try:
+                await workflow.execute_activity(
+                    "mcp_release",
+                    carry.conversation_id,
+                    result_type=int,
+                    start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
+                    retry_policy=HOUSEKEEPING_RETRY,
+                    summary=f"stop per-run MCP servers {', '.join(carry.mcp_per_run)[:100]}",
+                )
+            except ActivityError as err:
+                workflow.logger.warning("cleanup: stopping per-run MCP servers failed: %s", cause_text(err))
 
     # --- limits and bookkeeping ----------------------------------------------------------
 

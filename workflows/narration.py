@@ -25,6 +25,8 @@ def tool_error(call: ToolCall, text: str) -> Message:
 
 def tool_summary(call: ToolCall) -> str:
     args = call.arguments
+    if call.mcp is not None:
+        return f"mcp {call.mcp.server}.{call.mcp.tool}"[:120]
     if call.name == "http_request":
         url = str(args.get("url", ""))
         return f"http_request {str(args.get('method', '')).upper()} {url.split('://', 1)[-1][:80]}"

@@ -313,6 +313,8 @@ class ToolCallRunner:
             tenant=inp.tenant,
             policy_verdict=decision.verdict,
             policy_rule=decision.rule,
+            mcp=call.mcp,
+            side_effect=call.side_effect,
         )
         outcome = await self._invoke(call, invocation)
         while isinstance(outcome, ToolOutcome) and outcome.unknown:
@@ -346,7 +348,7 @@ class ToolCallRunner:
         """The tool activity's outcome, or error text when every attempt failed."""
         try:
             outcome: ToolOutcome = await workflow.execute_activity(
-                call.name,
+                "mcp" if call.mcp is not None else call.name,  # MCP tools share one activity type
                 invocation,
                 result_type=ToolOutcome,
                 start_to_close_timeout=timedelta(seconds=call.timeout_s),

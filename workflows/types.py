@@ -118,6 +118,18 @@ class CompensationRequest(BaseModel):
     conversation_id: str = ""
 
 
+MCP_PREFIX = "mcp__"  # tools of the operator's MCP servers: mcp__<server>__<tool> (Claude Code's convention)
+
+
+class McpTarget(BaseModel):
+    """Where an MCP tool call goes: the operator's server and the tool's own name on it (from the run's snapshot)."""
+
+    server: str
+    tool: str
+    recovery: Literal["idempotent_by_key", "unknown"] = "unknown"
+    call_timeout_s: int = 60  # of the call itself; the activity's timeout adds room for a server (re)start
+
+
 class Carry(BaseModel):
     """What a run hands to itself across continue-as-new."""
 
@@ -143,6 +155,8 @@ class Carry(BaseModel):
     children_usage: Usage = Field(default_factory=Usage)  # what child runs spent (included in ``usage``)
     budget: TreeBudget | None = None  # set when the run is part of a tree of runs
     shared_sandbox: str = ""  # the parent's conversation when the run works in its parent's sandbox
+    mcp_snapshot: str = ""  # digest of the run's MCP tool list in the run store (taken at start)
+    mcp_per_run: list[str] = Field(default_factory=list)  # MCP servers started for this run alone
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -367,6 +381,9 @@ class RunConfig(BaseModel):
     signing_required: bool = False
     search_attributes: bool = False  # the worker found the Agent* search attributes registered
     subagents: dict[str, SubagentDef] = Field(default_factory=dict)  # the run's sub-agents, resolved
+    mcp_snapshot: str = ""  # digest of the MCP tool list (definitions, schemas) stored in the run store
+    mcp_per_run: list[str] = Field(default_factory=list)  # per-run MCP servers among the run's tools
+    notes: list[str] = Field(default_factory=list)  # what the run starts without (an MCP server that is down)
 
 
 class ModelRequest(BaseModel):
@@ -378,6 +395,7 @@ class ModelRequest(BaseModel):
     tools: list[str] = Field(default_factory=list)
     subagents: dict[str, str] = Field(default_factory=dict)  # sub-agent name -> description (offered as tools)
     budget: TreeBudget | None = None  # the turn is reserved under it before the provider is called
+    mcp_snapshot: str = ""  # where the model activity finds the MCP tools' definitions (RunConfig.mcp_snapshot)
 
 
 class ToolCall(BaseModel):
@@ -400,6 +418,7 @@ class ToolCall(BaseModel):
     heartbeat_s: int = 0
     compensable: bool = False
     subagent: bool = False  # a delegation to the sub-agent of this name (a child run), not a tool activity
+    mcp: McpTarget | None = None  # a tool of an operator's MCP server (run by the ``mcp`` activity)
 
 
 class ModelTurn(BaseModel):
@@ -434,6 +453,8 @@ class ToolInvocation(BaseModel):
     # The policy decision that let the call run (``allow``, or ``ask`` then approved) and its rule.
     policy_verdict: str = ""
     policy_rule: str = ""
+    mcp: McpTarget | None = None  # set for MCP tools (activity ``mcp``); ``side_effect`` says if it is ledgered
+    side_effect: bool = False
 
 
 class ToolOutcome(BaseModel):

@@ -9,6 +9,8 @@ earlier attempt already stored a reply returns it without calling the model agai
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import structlog
@@ -18,49 +20,125 @@ from temporalio.exceptions import ApplicationError
 
 from activities import observability as telemetry
 from activities.heartbeat import heartbeating
+from activities.mcp import catalog as mcp_catalog
+from activities.mcp.pool import McpUnavailable
 from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
 from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.subagents import resolve
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
-from workflows.types import Message, ModelRequest, ModelTurn, RunConfig, RunConfigRequest, TreeBudget, Usage
+from workflows.types import (
+    Message,
+    ModelRequest,
+    ModelTurn,
+    RecordedToolCall,
+    RunConfig,
+    RunConfigRequest,
+    ToolCall,
+    TreeBudget,
+    Usage,
+)
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
+MAX_CACHED_SNAPSHOTS = 256
 BUDGET_POLL_S = 0.2  # how often a turn waiting for the tree's budget asks again
 MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
 log = structlog.get_logger("activities.model")
 
 
+@dataclass(frozen=True)
+class _McpChoice:
+    digest: str = ""
+    names: list[str] = field(default_factory=list)
+    per_run: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
 class ModelActivities:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._snapshots: dict[str, mcp_catalog.McpSnapshot] = {}
 
     @activity.defn(name="run_config")
     async def run_config(self, req: RunConfigRequest) -> RunConfig:
-        """Resolve the run's model and tool list against this worker's configuration."""
+        """Resolve the run's model and tool list against this worker's configuration.
+
+        MCP tools are listed from their servers here, once, and their definitions stored in the run
+        store as the run's snapshot (history gets its digest).
+        """
         model = req.model or self._rt.settings.model
         try:
             self._rt.providers.registry.check_model(model)
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
         known = self._rt.tools.names()
-        unknown = sorted(set(req.tools or []) - set(known))
+        requested = None if req.tools is None else list(dict.fromkeys(req.tools))
+        unknown = sorted({t for t in requested or [] if not mcp_catalog.is_mcp_name(t)} - set(known))
         if unknown:
             raise ApplicationError(
                 f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
             )
+        mcp = await self._mcp_snapshot(requested)
         try:
             subagents = resolve(self._rt.subagents, req.subagents, known, RESERVED_NAMES)
         except ValueError as exc:
             raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
+        if requested is None:
+            tools = [*known, *mcp.names]
+        else:  # the run's order; globs expand in place
+            expanded = {pattern: [n for n in mcp.names if fnmatch.fnmatchcase(n, pattern)] for pattern in requested}
+            tools = list(dict.fromkeys(n for p in requested for n in (expanded[p] if "*" in p else [p])))
         return RunConfig(
             subagents=subagents,
             model=model,
-            tools=known if req.tools is None else list(dict.fromkeys(req.tools)),
+            tools=tools,
             policy=self._rt.policy,
             signing_required=self._rt.settings.approval_key is not None,
             search_attributes=self._rt.search_attributes_ready,
+            mcp_snapshot=mcp.digest,
+            mcp_per_run=mcp.per_run,
+            notes=mcp.notes,
         )
+
+    async def _mcp_snapshot(self, requested: list[str] | None) -> _McpChoice:
+        if not self._rt.mcp.config:
+            names = [t for t in requested or [] if mcp_catalog.is_mcp_name(t)]
+            if names:
+                raise ApplicationError(
+                    f"unknown tools {names}: no MCP servers are configured on this worker (AGENT_MCP_CONFIG)",
+                    type="InvalidInput",
+                    non_retryable=True,
+                )
+            return _McpChoice()
+        try:
+            snapshot, names, notes = await mcp_catalog.snapshot(self._rt.mcp, requested)
+        except ValueError as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
+        except McpUnavailable as exc:  # a named tool's server: retried, then the run fails saying why
+            raise ApplicationError(str(exc), type="McpUnavailable") from None
+        if not snapshot.tools:
+            return _McpChoice(notes=notes)
+        digest = await self._rt.store.put_blob(snapshot.encode())
+        self._snapshots[digest] = snapshot
+        per_run = sorted({t.server for t in snapshot.tools if t.per_run})
+        return _McpChoice(digest=digest, names=names, per_run=per_run, notes=notes)
+
+    async def _mcp_tools(self, digest: str) -> dict[str, mcp_catalog.McpToolDef]:
+        """The run's MCP snapshot by name (cached; the store has it for any worker that runs the run)."""
+        if not digest:
+            return {}
+        snapshot = self._snapshots.get(digest)
+        if snapshot is None:
+            data = await self._rt.store.get_blob(digest)
+            if data is None:
+                raise ApplicationError(
+                    f"the run's MCP tool snapshot {digest} is not in the run store", type="SnapshotMissing"
+                )
+            snapshot = mcp_catalog.McpSnapshot.model_validate_json(data)
+            if len(self._snapshots) >= MAX_CACHED_SNAPSHOTS:
+                self._snapshots.pop(next(iter(self._snapshots)))
+            self._snapshots[digest] = snapshot
+        return snapshot.by_name()
 
     @activity.defn(name="model")
     async def model(self, req: ModelRequest) -> ModelTurn:
@@ -76,7 +154,9 @@ class ModelActivities:
                 if budget is not None:
                     await self._reserve(budget, turn_key)
                 try:
-                    reply_message, meta = await self._call_provider(req, transcript)
+                    reply_message, meta = await self._call_provider(
+                        req, transcript, await self._mcp_tools(req.mcp_snapshot)
+                    )
                 except BaseException:
                     if budget is not None:
                         await store.budget_release(budget.root, turn_key)
@@ -84,7 +164,8 @@ class ModelActivities:
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
-            turn = self._turn(req, stored.message, stored.meta)
+            mcp_tools = await self._mcp_tools(req.mcp_snapshot)
+            turn = self._turn(req, stored.message, stored.meta, mcp_tools)
             if budget is not None:  # again when reused: the attempt that stored it may have died before this
                 await store.budget_settle(budget.root, turn_key, turn.usage.total_tokens, turn.usage.cost_usd)
             return turn
@@ -108,12 +189,18 @@ class ModelActivities:
                     )
                 await asyncio.sleep(BUDGET_POLL_S)
 
-    async def _call_provider(self, req: ModelRequest, transcript: list[Message]) -> tuple[Message, dict[str, object]]:
+    async def _call_provider(
+        self, req: ModelRequest, transcript: list[Message], mcp_tools: dict[str, mcp_catalog.McpToolDef]
+    ) -> tuple[Message, dict[str, object]]:
         try:
             provider_name, model_name = self._rt.providers.registry.check_model(req.model)
         except FatalProviderError as exc:  # a worker without this run's provider: no retry can help
             raise ApplicationError(exc.message, type="ModelRejected", non_retryable=True) from None
-        definitions = self._rt.tools.definitions(req.tools)
+        definitions = [
+            mcp_tools[name].definition() if name in mcp_tools else self._rt.tools.definitions([name])[0]
+            for name in req.tools
+            if name in mcp_tools or name in self._rt.tools
+        ]
         definitions += [subagent_definition(name, text) for name, text in req.subagents.items()]
         secrets = self._rt.settings.secret_values()
         log.debug("model_request", messages=len(transcript), tools=req.tools)
@@ -169,23 +256,29 @@ class ModelActivities:
         }
         return message, meta
 
-    def _turn(self, req: ModelRequest, message: Message, meta: dict[str, object]) -> ModelTurn:
+    def _turn(
+        self, req: ModelRequest, message: Message, meta: dict[str, object], mcp_tools: dict[str, mcp_catalog.McpToolDef]
+    ) -> ModelTurn:
         text = message.content
         return ModelTurn(
             text=text[:MAX_TEXT_IN_HISTORY],
             text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
-            tool_calls=[
-                subagent_call(call)
-                if call.name in req.subagents and call.name not in self._rt.tools
-                else self._rt.tools.validate_call(call, req.tools, self._rt.settings)
-                for call in message.tool_calls
-            ],
+            tool_calls=[self._validated(req, call, mcp_tools) for call in message.tool_calls],
             usage=Usage.model_validate(meta.get("usage", {})),
             finish_reason=str(meta.get("finish_reason", "")),
             response_id=str(meta.get("response_id", "")),
             model=req.model,
             message_seq=req.transcript_len,
         )
+
+    def _validated(
+        self, req: ModelRequest, call: RecordedToolCall, mcp_tools: dict[str, mcp_catalog.McpToolDef]
+    ) -> ToolCall:
+        if call.name in req.subagents and call.name not in self._rt.tools:
+            return subagent_call(call)
+        if call.name in mcp_tools and call.name in req.tools:
+            return mcp_catalog.validate_call(call, mcp_tools[call.name])
+        return self._rt.tools.validate_call(call, req.tools, self._rt.settings)
 
 
 def _redacted_reply(reply: ProviderReply, secrets: list[str]) -> Message:

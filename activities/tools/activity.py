@@ -39,51 +39,60 @@ def outcome_of(message: Message) -> ToolOutcome:
     )
 
 
+async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> ToolOutcome:
+    """Run one tool call (ledgered when it has side effects) and store its result at ``inv.seq``.
+
+    Shared by the registered tools' activities and the ``mcp`` activity, which builds a spec per call.
+    """
+    with (
+        telemetry.activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
+        telemetry.tracer().start_as_current_span(
+            f"execute_tool {spec.name}",
+            attributes=_tool_span_attributes(spec, inv),
+            record_exception=False,  # exception texts can quote arguments; the type is enough here
+            set_status_on_exception=False,
+        ) as span,
+    ):
+        log.debug("tool_started", argument_names=sorted(inv.arguments), resolution=inv.resolution or None)
+        try:
+            outcome = await _run_tool(spec, runtime, inv)
+        except Exception as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            telemetry.record_tool_call(spec.name, inv.policy_verdict, "attempt_failed")
+            log.warning("tool_attempt_failed", error_type=type(exc).__name__)
+            raise
+        state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
+        span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
+        telemetry.record_tool_call(spec.name, inv.policy_verdict, state)
+        log.info("tool_finished", outcome=state, result_bytes=outcome.size_bytes)
+        return outcome
+
+
+async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> ToolOutcome:
+    store = runtime.store
+    done = await store.get_message(inv.conversation_id, inv.seq)
+    if done is not None:
+        log.info("tool_result_reused", position=inv.seq)
+        return outcome_of(done.message)
+    if inv.resolution in ("mark_done", "fail"):
+        text, is_error = await _resolve_by_hand(spec, runtime, inv)
+    elif spec.ledgered:
+        execution = await execute_once(spec, runtime, inv, _execute)
+        if execution.unknown:
+            # No transcript entry yet: the human's resolution will produce it.
+            return ToolOutcome(ok=False, preview=execution.text, size_bytes=0, unknown=True)
+        text, is_error = execution.text, execution.is_error
+    else:
+        text, is_error = await _execute(spec, runtime, inv)
+    result = Message(role="tool", content=text, tool_call_id=inv.call_id, name=spec.name, is_error=is_error)
+    stored = await store.put_message(inv.conversation_id, inv.seq, result)
+    return outcome_of(stored.message)
+
+
 def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvocation], Any]:
     async def run_tool(inv: ToolInvocation) -> ToolOutcome:
-        with (
-            telemetry.activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
-            telemetry.tracer().start_as_current_span(
-                f"execute_tool {spec.name}",
-                attributes=_tool_span_attributes(spec, inv),
-                record_exception=False,  # exception texts can quote arguments; the type is enough here
-                set_status_on_exception=False,
-            ) as span,
-        ):
-            log.debug("tool_started", argument_names=sorted(inv.arguments), resolution=inv.resolution or None)
-            try:
-                outcome = await _run_tool(inv)
-            except Exception as exc:
-                span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(StatusCode.ERROR, type(exc).__name__)
-                telemetry.record_tool_call(spec.name, inv.policy_verdict, "attempt_failed")
-                log.warning("tool_attempt_failed", error_type=type(exc).__name__)
-                raise
-            state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
-            span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
-            telemetry.record_tool_call(spec.name, inv.policy_verdict, state)
-            log.info("tool_finished", outcome=state, result_bytes=outcome.size_bytes)
-            return outcome
-
-    async def _run_tool(inv: ToolInvocation) -> ToolOutcome:
-        store = runtime.store
-        done = await store.get_message(inv.conversation_id, inv.seq)
-        if done is not None:
-            log.info("tool_result_reused", position=inv.seq)
-            return outcome_of(done.message)
-        if inv.resolution in ("mark_done", "fail"):
-            text, is_error = await _resolve_by_hand(spec, runtime, inv)
-        elif spec.ledgered:
-            execution = await execute_once(spec, runtime, inv, _execute)
-            if execution.unknown:
-                # No transcript entry yet: the human's resolution will produce it.
-                return ToolOutcome(ok=False, preview=execution.text, size_bytes=0, unknown=True)
-            text, is_error = execution.text, execution.is_error
-        else:
-            text, is_error = await _execute(spec, runtime, inv)
-        result = Message(role="tool", content=text, tool_call_id=inv.call_id, name=spec.name, is_error=is_error)
-        stored = await store.put_message(inv.conversation_id, inv.seq, result)
-        return outcome_of(stored.message)
+        return await run_invocation(spec, runtime, inv)
 
     run_tool.__name__ = f"tool_{spec.name}"
     run_tool.__qualname__ = run_tool.__name__

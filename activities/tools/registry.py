@@ -18,13 +18,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from activities.modules import import_extension
 from activities.settings import ConfigurationError, Settings
 from activities.tools.spec import ToolSpec, spec_of
-from workflows.types import MAX_TASK_CHARS, RecordedToolCall, ToolCall
+from workflows.types import MAX_TASK_CHARS, MCP_PREFIX, RecordedToolCall, ToolCall
 
 MAX_ARGUMENTS_BYTES = 64 * 1024
 # Activity types the runtime registers itself; a tool's activity type is its name, so these are taken.
 RESERVED_NAMES = frozenset(
-    {"model", "run_config", "compensate", "verify_decision", "transcript_append", "sandbox_create", "sandbox_kill"}
+    {
+        "model",
+        "run_config",
+        "compensate",
+        "verify_decision",
+        "transcript_append",
+        "sandbox_create",
+        "sandbox_kill",
+        "mcp",
+        "mcp_release",
+    }
 )
+RESERVED_PREFIX = MCP_PREFIX  # the tools of the operator's MCP servers
 
 
 class ToolRegistry:
@@ -39,6 +50,10 @@ class ToolRegistry:
         if spec.name in RESERVED_NAMES:
             raise ConfigurationError(
                 f"tool name {spec.name!r} is reserved by the runtime (reserved: {', '.join(sorted(RESERVED_NAMES))})"
+            )
+        if spec.name.startswith(RESERVED_PREFIX):
+            raise ConfigurationError(
+                f"tool name {spec.name!r}: names starting {RESERVED_PREFIX!r} are kept for MCP servers' tools"
             )
         existing = self._specs.get(spec.name)
         if existing is not None and existing.fn is not spec.fn:
