@@ -16,8 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
@@ -28,7 +27,7 @@ from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.mcp_servers import free_port, orders_http, read_ledger
 from tests.scenarios import pending_view
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentResult, ApproveSignal, ResolveSignal
+from workflows.types import ApproveSignal, ResolveSignal
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME_SERVER = str(Path(sys.executable).parent / "mcp-server-time")
@@ -210,7 +209,3 @@ async def _started_event(ledger: Path, count: int = 1) -> dict[str, Any]:
             return started[count - 1]
         await asyncio.sleep(0.05)
     raise AssertionError(f"the shop never started the call; ledger: {read_ledger(ledger)}")
-
-
-def _unused(_: Client) -> None:  # keeps the Client import for type checkers of the fixtures above
-    return None
