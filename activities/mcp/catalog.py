@@ -29,6 +29,8 @@ MAX_DESCRIPTION_CHARS = 4000
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_ARGUMENTS_BYTES = 64 * 1024
 START_SLACK_S = 15  # the activity's timeout over the call's: room to (re)start the server first
+# run_config is a local activity with a 30 s timeout: listing must end before it, whatever a server's startup_timeout_s.
+LIST_AT_START_TIMEOUT_S = 25
 MCP_HEARTBEAT_S = 5  # a killed worker's MCP call is retried (through the ledger) within ~15 s
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 log = structlog.get_logger("activities.mcp")
@@ -123,13 +125,20 @@ async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnaps
     cannot list its tools; ``ValueError`` for an exact name no server offers.
     """
     servers = wanted_servers(pool, requested)
-    listed = await asyncio.gather(*(_list(pool, server) for server in servers), return_exceptions=True)
+    listed = await asyncio.gather(
+        *(asyncio.wait_for(_list(pool, server), LIST_AT_START_TIMEOUT_S) for server in servers),
+        return_exceptions=True,
+    )
     tools: list[McpToolDef] = []
     notes: list[str] = []
     taken: set[str] = set()
     for (server, named), result in zip(servers.items(), listed, strict=True):
         if isinstance(result, BaseException):
-            if not isinstance(result, McpUnavailable):
+            if isinstance(result, TimeoutError):
+                result = McpUnavailable(
+                    f"MCP server {server!r} did not list its tools within {LIST_AT_START_TIMEOUT_S} s"
+                )
+            elif not isinstance(result, McpUnavailable):
                 result = McpUnavailable(f"MCP server {server!r}: {type(result).__name__}: {result}")
             if named:
                 raise result

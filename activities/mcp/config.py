@@ -8,8 +8,11 @@ Cursor and VS Code use::
 
 A server has either ``command`` (stdio: a process the worker starts) or ``url`` (Streamable HTTP).
 Values in ``env`` and ``headers`` may reference the worker's environment as ``${VAR}`` (or
-``${VAR:-default}``), so that keys never sit in the file; every value that came from a reference,
-and every header value, is treated as a secret (redacted from logs, tool results and history).
+``${VAR:-default}``), so that keys never sit in the file; every value that came from a reference
+there, and every header value, is treated as a secret (redacted from logs, tool results and
+history). ``command``, ``args``, ``cwd`` and ``url`` may use references too (for paths; their values
+are not treated as secrets). A ``command`` without a ``/`` is looked up on the worker's ``PATH`` at
+load and started by its absolute path.
 
 Our own fields, all optional: ``recovery`` (``unknown`` or ``idempotent_by_key``, for the server or
 per tool), ``per_run`` (one process per run, for stateful servers), ``timeout_s`` (of a call),
@@ -155,17 +158,26 @@ def load_mcp_config(settings: Settings) -> McpConfig:
             )
         if server.disabled:
             continue
-        env = {
-            key: _expand(value, settings, f"{where}: mcpServers.{name}.env.{key}", secrets)
-            for key, value in server.env.items()
-        }
+        at = f"{where}: mcpServers.{name}"
+        env = {key: _expand(value, settings, f"{at}.env.{key}", secrets) for key, value in server.env.items()}
         headers = {}
         for key, value in server.headers.items():
-            headers[key] = _expand(value, settings, f"{where}: mcpServers.{name}.headers.{key}", secrets)
+            headers[key] = _expand(value, settings, f"{at}.headers.{key}", secrets)
             secrets.append(headers[key])
-        resolved = server.model_copy(update={"env": env, "headers": headers})
+        # Paths and addresses may use the environment too; those values are not secrets (keys belong in env/headers).
+        plain: list[str] = []
+        resolved = server.model_copy(
+            update={
+                "env": env,
+                "headers": headers,
+                "command": _expand(server.command, settings, f"{at}.command", plain),
+                "args": [_expand(arg, settings, f"{at}.args", plain) for arg in server.args],
+                "cwd": _expand(server.cwd, settings, f"{at}.cwd", plain),
+                "url": _expand(server.url, settings, f"{at}.url", plain),
+            }
+        )
         if resolved.command:
-            _check_command(resolved, settings, f"{where}: mcpServers.{name}.command")
+            resolved = resolved.model_copy(update={"command": _executable(resolved, settings, f"{at}.command")})
         servers[name] = resolved
     return McpConfig(servers, tuple(s for s in dict.fromkeys(secrets) if len(s) >= MIN_SECRET_CHARS))
 
@@ -184,12 +196,15 @@ def _expand(value: str, settings: Settings, where: str, secrets: list[str]) -> s
     return _REFERENCE.sub(replace, value)
 
 
-def _check_command(server: McpServerConfig, settings: Settings, where: str) -> None:
+def _executable(server: McpServerConfig, settings: Settings, where: str) -> str:
+    """The command as an absolute path, found the way the worker's shell would (its ``PATH``), or refused."""
     command = server.command
     if os.sep in command:
-        base = Path(server.cwd or ".") / command
-        if not (base.is_file() and os.access(base, os.X_OK)):
+        path = Path(server.cwd or ".") / command
+        if not (path.is_file() and os.access(path, os.X_OK)):
             raise ConfigurationError(f"{where}: {command!r} is not an executable file")
-        return
-    if shutil.which(command, path=settings.variable("PATH") or None) is None:
+        return str(path.resolve())
+    found = shutil.which(command, path=settings.variable("PATH") or None)
+    if found is None:
         raise ConfigurationError(f"{where}: {command!r} is not found on the worker's PATH")
+    return str(Path(found).absolute())
