@@ -152,7 +152,7 @@ def load_mcp_config(settings: Settings) -> McpConfig:
     servers: dict[str, McpServerConfig] = {}
     secrets: list[str] = []
     for name, server in parsed.mcpServers.items():
-        if not re.match(SERVER_NAME_PATTERN, name):
+        if not re.match(SERVER_NAME_PATTERN, name) or "__" in name:
             raise ConfigurationError(
                 f"{where}: mcpServers.{name}: a server name is 1-32 letters, digits, '-' or '_' (no '__')"
             )
