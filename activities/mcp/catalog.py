@@ -25,6 +25,7 @@ from activities.mcp.pool import McpPool, McpUnavailable
 from workflows.types import MCP_PREFIX, McpTarget, RecordedToolCall, ToolCall
 
 MAX_NAME_CHARS = 64  # what model APIs accept as a tool name
+MAX_MCP_TOOLS_PER_RUN = 128  # model APIs accept about this many tools, and every name is in the run's history
 MAX_DESCRIPTION_CHARS = 4000
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_ARGUMENTS_BYTES = 64 * 1024
@@ -147,6 +148,12 @@ async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnaps
             continue
         tools.extend(tool_def(pool, server, tool, taken) for tool in result)
     if requested is None:
+        if len(tools) > MAX_MCP_TOOLS_PER_RUN:
+            notes.append(
+                f"{len(tools)} MCP tools are configured; this run offers the first {MAX_MCP_TOOLS_PER_RUN} "
+                "(name the ones it needs in its tools input)"
+            )
+            tools = tools[:MAX_MCP_TOOLS_PER_RUN]
         return McpSnapshot(tools=tools), [t.name for t in tools], notes
     by_name = {t.name: t for t in tools}
     chosen: list[str] = []
@@ -161,6 +168,8 @@ async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnaps
             available = ", ".join(sorted(by_name)) or "none"
             raise ValueError(f"unknown MCP tool {pattern!r}; MCP tools on this worker: {available}")
     chosen = list(dict.fromkeys(chosen))
+    if len(chosen) > MAX_MCP_TOOLS_PER_RUN:
+        raise ValueError(f"{len(chosen)} MCP tools selected; a run may offer at most {MAX_MCP_TOOLS_PER_RUN}")
     return McpSnapshot(tools=[by_name[name] for name in chosen]), chosen, notes
 
 

@@ -203,7 +203,7 @@ def _executable(server: McpServerConfig, settings: Settings, where: str) -> str:
         path = Path(server.cwd or ".") / command
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise ConfigurationError(f"{where}: {command!r} is not an executable file")
-        return str(path.resolve())
+        return str(path.absolute())  # never resolve symlinks: a venv's python is one
     found = shutil.which(command, path=settings.variable("PATH") or None)
     if found is None:
         raise ConfigurationError(f"{where}: {command!r} is not found on the worker's PATH")

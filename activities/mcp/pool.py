@@ -269,6 +269,9 @@ class McpPool:
         for key, known in list(self._connections.items()):
             if known is connection:
                 del self._connections[key]
+                lock = self._starting.get(key)
+                if key[1] and lock is not None and not lock.locked():
+                    del self._starting[key]  # one lock per run would otherwise stay for good
         await connection.close()
 
     async def _reap_idle(self) -> None:
