@@ -3,7 +3,10 @@
 The environment is read once, by ``Settings.from_env()``, after the arguments
 parsed; each command gets the connected client, its arguments and the settings.
 The starter never imports operator modules (``AGENT_TOOL_MODULES``,
-``AGENT_PROVIDER_MODULES``): those are the worker's.
+``AGENT_PROVIDER_MODULES``): those are the worker's. The one exception is
+``tools``, a local command (no Temporal connection) that shows what a worker with
+this environment would offer, so it loads the tool modules and starts the MCP
+servers the way a worker does.
 
 A user never sees a traceback. Every failure is one line on stderr, and the exit
 code says which kind it was:
@@ -11,8 +14,9 @@ code says which kind it was:
     0    done
     1    a run-level failure: no such run, the run did not complete (failed,
          cancelled, limit_exceeded), it refused the request (a decision, a
-         duplicate id), or no worker answered (status / pending / watch);
-         also an internal error (a bug), named in its one line
+         duplicate id), or no worker answered (status / pending / watch); an
+         MCP server ``tools`` could not list; also an internal error (a bug),
+         named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
          --task-file or --policy), a bad configuration, or no Temporal server
     130  interrupted (Ctrl-C); the run itself goes on, and the line says how to
@@ -31,7 +35,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from temporalio.client import RPCTimeoutOrCancelledError
@@ -64,6 +68,8 @@ from durable_agents.cli.runs import (
 )
 from durable_agents.cli.sandboxes import add_command as add_sandboxes_command
 from durable_agents.cli.sandboxes import cmd_sandboxes
+from durable_agents.cli.tools import add_command as add_tools_command
+from durable_agents.cli.tools import cmd_tools
 from durable_agents.cli.watch import add_command as add_watch_command
 from durable_agents.cli.watch import cmd_watch
 from durable_agents.client import TemporalUnavailable, connect
@@ -79,6 +85,11 @@ COMMANDS: dict[str, Command] = {
     "cancel": cmd_cancel,
     "sandboxes": cmd_sandboxes,
     "list": cmd_list,
+}
+# Commands that need no Temporal server: their arguments and the settings → the exit code.
+LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+LOCAL_COMMANDS: dict[str, LocalCommand] = {
+    "tools": cmd_tools,
 }
 
 
@@ -99,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cancel_command(sub)
     add_sandboxes_command(sub)
     add_list_command(sub)
+    add_tools_command(sub)
     return parser
 
 
@@ -111,6 +123,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         # Library warnings only, on stderr: stdout is the command's output.
         logs.configure(level="WARNING", secrets=settings.secret_values())
         telemetry.configure_tracing("durable-agents-starter", settings.observability)
+        if args.command in LOCAL_COMMANDS:
+            return await LOCAL_COMMANDS[args.command](args, settings)
         client = await connect(settings.temporal, plugins=telemetry.temporal_plugins())
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
