@@ -1,0 +1,176 @@
+"""Taking and restoring workspace checkpoints, for any backend that implements :class:`Checkpointable`.
+
+``take`` scans the workspace, reads only the files whose stamp changed since the checkpoint the
+sandbox's marker names (so a step that changed one 10 KB file in a 50 MB workspace reads 10 KB),
+stores new contents as blobs, and stores the manifest; its digest is the checkpoint id.
+``restore`` makes the workspace hold exactly a checkpoint's entries, rewriting only what differs.
+Both refuse a workspace over ``max_bytes`` with :class:`CheckpointTooLarge`, a tool error the model
+reads: the run goes on, without that checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from activities.checkpoints.manifest import MAX_ENTRIES, CheckpointMarker, Manifest, ManifestEntry, ScanEntry
+from activities.sandbox.base import SandboxError
+from activities.store.base import RunStore
+
+EMPTY = ""  # the id of "no checkpoint yet": an empty workspace
+
+
+class CheckpointError(SandboxError):
+    """A checkpoint could not be taken or restored (shown to the model as a tool error)."""
+
+
+class CheckpointTooLarge(CheckpointError):
+    """The workspace is over ``AGENT_CHECKPOINT_MAX_MB`` (or ``MAX_ENTRIES`` entries)."""
+
+
+class CheckpointMissing(CheckpointError):
+    """A checkpoint (or one of its files) is not in the run store."""
+
+
+class Checkpointable(Protocol):
+    """What a sandbox backend provides for checkpoints (see ``activities.sandbox.local`` and ``.e2b``)."""
+
+    async def scan_workspace(self, *, max_entries: int) -> list[ScanEntry]:
+        """Every file, directory and inside-pointing symlink of the workspace, without following links.
+
+        Devices, sockets, FIFOs and symlinks pointing outside the workspace are left out.
+        :class:`CheckpointTooLarge` when there are more than ``max_entries``.
+        """
+        ...
+
+    async def read_workspace_files(self, paths: list[str], *, max_bytes: int) -> dict[str, bytes]:
+        """The contents of these regular files (never following a link); :class:`CheckpointTooLarge` over
+        ``max_bytes`` in total. A path that is no longer a regular file is left out of the result."""
+        ...
+
+    async def apply_workspace(self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]) -> None:
+        """Make the workspace hold exactly ``entries`` (file contents from ``contents`` by hash).
+
+        Files in ``keep`` already hold their entry's content and are left as they are (their mode is
+        set); everything not in ``entries`` is removed.
+        """
+        ...
+
+    async def checkpoint_marker(self) -> CheckpointMarker | None:
+        """The marker written by the last ``set_checkpoint_marker`` of this sandbox, or None."""
+        ...
+
+    async def set_checkpoint_marker(self, marker: CheckpointMarker) -> None: ...
+
+
+@dataclass(frozen=True)
+class Taken:
+    checkpoint_id: str
+    files: int
+    total_bytes: int
+    read_bytes: int  # of files whose stamp changed (what this checkpoint had to read)
+    duration_ms: int
+
+
+async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> Taken:
+    """Checkpoint the workspace; the marker then names the new checkpoint."""
+    started = time.monotonic()
+    marker = await sandbox.checkpoint_marker() or CheckpointMarker()
+    scan = await sandbox.scan_workspace(max_entries=MAX_ENTRIES)
+    total = sum(e.size for e in scan if e.kind == "file")
+    if total > max_bytes:
+        raise CheckpointTooLarge(_too_large(total, max_bytes))
+    hashes: dict[str, str] = {}
+    unread: list[str] = []
+    for entry in scan:
+        if entry.kind != "file":
+            continue
+        known = marker.hashes.get(entry.path)
+        if known and entry.stamp and marker.stamps.get(entry.path) == entry.stamp:
+            hashes[entry.path] = known
+        else:
+            unread.append(entry.path)
+    contents = await sandbox.read_workspace_files(unread, max_bytes=max_bytes) if unread else {}
+    read_bytes = 0
+    for path, data in contents.items():
+        hashes[path] = await store.put_blob(data)
+        read_bytes += len(data)
+    entries: list[ManifestEntry] = []
+    for entry in scan:
+        if entry.kind == "file":
+            if entry.path not in hashes:
+                continue  # gone (or no longer a regular file) between the scan and the read
+            size = len(contents[entry.path]) if entry.path in contents else entry.size
+            entries.append(ManifestEntry(path=entry.path, kind="file", mode=entry.mode, size=size, hash=hashes[entry.path]))
+        else:
+            entries.append(ManifestEntry(path=entry.path, kind=entry.kind, mode=entry.mode, target=entry.target))
+    manifest = Manifest(entries=entries)
+    if manifest.total_bytes() > max_bytes:
+        raise CheckpointTooLarge(_too_large(manifest.total_bytes(), max_bytes))
+    checkpoint_id = await store.put_blob(manifest.encode())
+    stamps = {e.path: e.stamp for e in scan if e.kind == "file" and e.path in hashes and e.stamp}
+    await sandbox.set_checkpoint_marker(CheckpointMarker(checkpoint_id=checkpoint_id, stamps=stamps, hashes=hashes))
+    return Taken(
+        checkpoint_id=checkpoint_id,
+        files=sum(1 for e in entries if e.kind == "file"),
+        total_bytes=manifest.total_bytes(),
+        read_bytes=read_bytes,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+async def load_manifest(store: RunStore, checkpoint_id: str) -> Manifest:
+    if checkpoint_id == EMPTY:
+        return Manifest()
+    data = await store.get_blob(checkpoint_id)
+    if data is None:
+        raise CheckpointMissing(f"checkpoint {checkpoint_id} is not in the run store")
+    return Manifest.decode(data)
+
+
+async def restore(sandbox: Checkpointable, store: RunStore, checkpoint_id: str, *, max_bytes: int) -> int:
+    """Make the workspace hold checkpoint ``checkpoint_id`` (``EMPTY``: nothing); the bytes written."""
+    manifest = await load_manifest(store, checkpoint_id)
+    if manifest.total_bytes() > max_bytes:
+        raise CheckpointTooLarge(_too_large(manifest.total_bytes(), max_bytes))
+    marker = await sandbox.checkpoint_marker() or CheckpointMarker()
+    scan = {e.path: e for e in await sandbox.scan_workspace(max_entries=MAX_ENTRIES)}
+    keep: set[str] = set()
+    for entry in manifest.entries:
+        found = scan.get(entry.path)
+        if (
+            entry.kind == "file"
+            and found is not None
+            and found.kind == "file"
+            and found.stamp
+            and marker.stamps.get(entry.path) == found.stamp
+            and marker.hashes.get(entry.path) == entry.hash
+        ):
+            keep.add(entry.path)
+    contents: dict[str, bytes] = {}
+    for entry in manifest.entries:
+        if entry.kind == "file" and entry.path not in keep and entry.hash not in contents:
+            data = await store.get_blob(entry.hash)
+            if data is None:
+                raise CheckpointMissing(f"file {entry.path!r} of checkpoint {checkpoint_id} is not in the run store")
+            contents[entry.hash] = data
+    await sandbox.apply_workspace(manifest.entries, contents, keep=keep)
+    after = await sandbox.scan_workspace(max_entries=MAX_ENTRIES)
+    hashes = {e.path: e.hash for e in manifest.entries if e.kind == "file"}
+    stamps = {e.path: e.stamp for e in after if e.kind == "file" and e.path in hashes and e.stamp}
+    await sandbox.set_checkpoint_marker(CheckpointMarker(checkpoint_id=checkpoint_id, stamps=stamps, hashes=hashes))
+    return sum(len(data) for data in contents.values())
+
+
+async def current(sandbox: Checkpointable) -> str:
+    """The id of the checkpoint the workspace holds (``EMPTY`` for a sandbox that never had one)."""
+    marker = await sandbox.checkpoint_marker()
+    return marker.checkpoint_id if marker is not None else EMPTY
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return (
+        f"the workspace holds {size / 1e6:.1f} MB, over the checkpoint limit of {max_bytes / 1e6:.0f} MB "
+        "(AGENT_CHECKPOINT_MAX_MB); this step was not checkpointed: delete files you do not need"
+    )
