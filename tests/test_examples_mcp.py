@@ -83,8 +83,12 @@ async def test_example_mcp_config_runs_time_and_notes_servers(dev_env: WorkflowE
             )
             assert approve.returncode == 0, approve.stderr
             result = await handle.result()
+            servers = children_of(worker.pid)
         finally:
             code = worker.stop()
+    # Both servers were running under the worker and stop with it.
+    assert len(servers) == 2, servers
+    assert not [pid for pid in servers if alive(pid)], f"MCP servers outlived the worker: {servers}"
     assert result.status == "completed", f"{result.output}\n{worker.tail()}"
     time_answer, notes_before, added = result.output.split(" | ")
     assert json.loads(time_answer)["timezone"] == "UTC"
@@ -94,3 +98,27 @@ async def test_example_mcp_config_runs_time_and_notes_servers(dev_env: WorkflowE
     log = (tmp_path / "worker.log").read_text()
     assert '"server": "notes"' in log and "notes server ready" in log  # its stderr, in the worker's log
     assert log.count('"event": "mcp_server_started"') == 2  # one process per server, shared by the run's calls
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: it has exited)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
