@@ -49,7 +49,9 @@ class Checkpointable(Protocol):
         ``max_bytes`` in total. A path that is no longer a regular file is left out of the result."""
         ...
 
-    async def apply_workspace(self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]) -> None:
+    async def apply_workspace(
+        self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]
+    ) -> None:
         """Make the workspace hold exactly ``entries`` (file contents from ``contents`` by hash).
 
         Files in ``keep`` already hold their entry's content and are left as they are (their mode is
@@ -102,7 +104,9 @@ async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> T
             if entry.path not in hashes:
                 continue  # gone (or no longer a regular file) between the scan and the read
             size = len(contents[entry.path]) if entry.path in contents else entry.size
-            entries.append(ManifestEntry(path=entry.path, kind="file", mode=entry.mode, size=size, hash=hashes[entry.path]))
+            entries.append(
+                ManifestEntry(path=entry.path, kind="file", mode=entry.mode, size=size, hash=hashes[entry.path])
+            )
         else:
             entries.append(ManifestEntry(path=entry.path, kind=entry.kind, mode=entry.mode, target=entry.target))
     manifest = Manifest(entries=entries)
