@@ -4,6 +4,8 @@ Transcript entries are addressed by ``(conversation_id, seq)`` and written
 insert-if-absent: the first writer of a position wins and every later writer
 (a retry, a zombie attempt, a replay) reads back that same entry. This is what
 lets history carry only positions while replays see exactly the same transcript.
+Entries are never updated or deleted; each records when it was written (a copy
+into a fork is a write to the fork, so it is stamped when it is copied).
 
 Ledger entries are addressed by idempotency key (see ``activities.store.ledger``).
 
@@ -39,6 +41,10 @@ class StoreError(Exception):
     """The store is unreachable or inconsistent."""
 
 
+class BlobCorrupt(StoreError):
+    """A stored blob row is not the bytes of its digest (the store itself answered: it is not unreachable)."""
+
+
 class StoredMessage(BaseModel):
     seq: int
     message: Message
@@ -70,7 +76,7 @@ def encode_blob(data: bytes) -> tuple[str, BlobEncoding, bytes]:
 
 
 def decode_blob(digest: str, size: int, encoding: str, stored: bytes) -> bytes:
-    """The original bytes of a stored blob row; ``StoreError`` naming ``digest`` unless they are its bytes."""
+    """The original bytes of a stored blob row; ``BlobCorrupt`` naming ``digest`` unless they are its bytes."""
     if encoding == "raw":
         data = bytes(stored)
     elif encoding == "zlib":
@@ -80,14 +86,14 @@ def decode_blob(digest: str, size: int, encoding: str, stored: bytes) -> bytes:
             # (the +1 also keeps the limit positive, since 0 would mean no limit at all).
             data = inflater.decompress(stored, max(0, min(size, MAX_BLOB_BYTES)) + 1)
         except zlib.error as exc:
-            raise StoreError(f"blob {digest} is corrupt: cannot inflate it ({exc})") from None
+            raise BlobCorrupt(f"blob {digest} is corrupt: cannot inflate it ({exc})") from None
     else:
-        raise StoreError(f"blob {digest} is corrupt: unknown encoding {encoding!r}")
+        raise BlobCorrupt(f"blob {digest} is corrupt: unknown encoding {encoding!r}")
     if len(data) != size:
-        raise StoreError(f"blob {digest} is corrupt: {len(data)} bytes where {size} were stored")
+        raise BlobCorrupt(f"blob {digest} is corrupt: {len(data)} bytes where {size} were stored")
     actual = blob_digest(data)
     if actual != digest:
-        raise StoreError(f"blob {digest} is corrupt: its bytes hash to {actual}")
+        raise BlobCorrupt(f"blob {digest} is corrupt: its bytes hash to {actual}")
     return data
 
 
@@ -102,6 +108,35 @@ class RunStore(Protocol):
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
         """Entries ``[0, upto)`` in order; ``StoreError`` if any position is missing."""
+        ...
+
+    async def transcript(self, conversation_id: str, limit: int = 100_000) -> list[StoredMessage]:
+        """The contiguous entries from seq 0, in order, at most ``limit``: it stops at the first missing position."""
+        ...
+
+    async def entries_after(self, conversation_id: str, after: int = -1, limit: int = 1000) -> list[StoredMessage]:
+        """Every stored entry with ``seq > after``, in order, gaps and all, at most ``limit``.
+
+        For reading a whole conversation a page at a time (garbage collection must see every entry,
+        including those past a gap or a tool result written before its sibling).
+        """
+        ...
+
+    async def copy_messages(self, source: str, target: str, upto: int) -> int:
+        """Copy entries ``[0, upto)`` of ``source`` (message and meta) into ``target``, insert-if-absent.
+
+        One transaction: ``StoreError`` naming the missing positions, and nothing copied, when ``source``
+        lacks any of them. A position ``target`` holds already keeps its entry (the first writer wins, as
+        for ``put_message``). Idempotent. Returns how many of the positions ``[0, upto)`` ``target`` now
+        holds, which after a successful copy is ``upto``. ``ValueError`` for a negative ``upto``.
+        """
+        ...
+
+    async def conversations(self) -> list[tuple[str, float]]:
+        """Every conversation id with the unix time of its last write (its newest entry), sorted by id.
+
+        The SQLite store keeps entry times to the second.
+        """
         ...
 
     async def claim(self, request: ClaimRequest) -> Claim:
@@ -153,8 +188,19 @@ class RunStore(Protocol):
     async def get_blob(self, digest: str) -> bytes | None:
         """The bytes stored under ``digest``, or None (also for a malformed digest).
 
-        ``StoreError`` naming the digest when the stored bytes do not hash to it.
+        ``BlobCorrupt`` (a ``StoreError``) naming the digest when the stored bytes do not hash to it.
         """
+        ...
+
+    async def blob_digests(self, older_than: float) -> list[str]:
+        """Digests of the blobs first stored before unix time ``older_than``, sorted.
+
+        A later put of the same bytes does not make a blob younger (see ``activities.checkpoints.gc``).
+        """
+        ...
+
+    async def delete_blobs(self, digests: list[str]) -> int:
+        """Delete the blobs stored under ``digests``; how many were deleted (absent ones are not counted)."""
         ...
 
     async def close(self) -> None: ...
