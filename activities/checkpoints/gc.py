@@ -29,15 +29,16 @@ Unmarking the files of an unusable manifest is safe for that checkpoint (it is l
 can matter to a live sandbox that still holds that checkpoint: its marker's hashes let the next
 checkpoint name unchanged files without storing them again (see below).
 
-Known limit (not solved here; the grace period does not cover it): a blob's age is the time it was
-*first* stored. ``put_blob`` of bytes that are there already stores nothing, and ``engine.take``
-does not even put files whose stamp is unchanged since the sandbox's last checkpoint: it names
-their digests from the marker. So a checkpoint taken now may name an old blob that no kept
-conversation references (its bytes first came from a dropped conversation, or the previous
-checkpoint of this sandbox was taken but never recorded in an entry). Such a blob is old and
-unmarked, and a collection running before the new checkpoint's entry is stored deletes it. Closing
-that needs the writers to refresh a blob's age when they reuse it (and the sweep to delete only
-blobs whose age is still past the grace period), which is a change to ``put_blob`` and the engine.
+A checkpoint taken within the grace period may not be named by any entry yet while it names files
+first stored long ago (unchanged since an earlier checkpoint of that sandbox). Every young blob
+that is a manifest therefore marks its files too. What remains (below) needs a checkpoint older
+than the grace period that no entry names, which no writer leaves behind for that long.
+
+Known limit: a blob's age is the time it was *first* stored, and ``engine.take`` names unchanged
+files by the digests in the sandbox's marker without storing them again. A checkpoint that is
+older than the grace period and named by no entry (taken, then its tool result never stored, and
+the sandbox kept) can therefore name files a collection deletes; restoring it then fails with
+``CheckpointMissing`` and the run goes on with the workspace it has (it is told so).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ PAGE = 500  # entries read at once
 DELETE_BATCH = 1000  # digests per delete_blobs call
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _BRANCH = "~"
+MANIFEST_PREFIX = b'{"entries":'  # how every encoded manifest starts (sorted keys, no spaces)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,13 @@ async def collect(
                     if problem:
                         problems.append(f"{problem} (named by {conversation_id} entry {entry.seq})")
             after = page[-1].seq
-    doomed = [d for d in await store.blob_digests(cutoff) if d not in marked]
+    # A checkpoint taken within the grace period may not be named by any entry yet, and it may name
+    # files first stored long ago (unchanged since an earlier checkpoint): keep those through it.
+    old_enough = await store.blob_digests(cutoff)
+    young = set(await store.blob_digests(float("inf"))) - set(old_enough)
+    for digest in sorted(young - manifests):
+        await _mark_young_manifest(store, digest, marked)
+    doomed = [d for d in old_enough if d not in marked]
     deleted = 0
     for start in range(0, len(doomed), DELETE_BATCH):
         deleted += await store.delete_blobs(doomed[start : start + DELETE_BATCH])
@@ -164,3 +172,17 @@ async def _mark_manifest(store: RunStore, checkpoint: str, marked: set[str]) -> 
         return f"checkpoint {checkpoint} is not a manifest, no files are kept through it: {str(exc)[:200]}"
     marked.update(manifest.hashes())
     return ""
+
+
+async def _mark_young_manifest(store: RunStore, digest: str, marked: set[str]) -> None:
+    """Mark the files of ``digest`` if it is a manifest (most young blobs are files: skipped cheaply)."""
+    try:
+        data = await store.get_blob(digest)
+    except BlobCorrupt:
+        return
+    if not data or not data.startswith(MANIFEST_PREFIX):
+        return
+    try:
+        marked.update(Manifest.decode(data).hashes())
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return
