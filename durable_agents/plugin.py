@@ -132,7 +132,13 @@ class DurableAgentsPlugin(SimplePlugin):
             self.runtime.search_attributes_ready = await ensure_search_attributes(client)
         reaper = (
             asyncio.create_task(
-                reap_forever(client, self.runtime.sandbox_backend, self.settings.sandbox.reap_interval_s),
+                reap_forever(
+                    client,
+                    self.runtime.sandbox_backend,
+                    self.settings.sandbox.reap_interval_s,
+                    store=lambda: self.runtime.store,
+                    retention_days=self.settings.checkpoints.retention_days,
+                ),
                 name="sandbox-reaper",
             )
             if self._reaper
