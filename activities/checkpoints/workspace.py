@@ -19,8 +19,9 @@ from workflows.types import ToolInvocation
 log = structlog.get_logger("activities.checkpoints")
 
 RESTORED_NOTE = (
-    "[sandbox] note: this run's sandbox had expired or was lost and has been recreated; the files in "
-    "/workspace were restored from the run's last checkpoint (running processes and /tmp were not)."
+    "[sandbox] note: this run's sandbox was recreated (it had expired or was lost, or this step runs on "
+    "another host); the files in /workspace were restored from the run's last checkpoint, running "
+    "processes and /tmp were not."
 )
 
 
