@@ -32,6 +32,7 @@ from workflows.types import Message
 
 MAX_BLOB_BYTES = 64 * 1024 * 1024
 _BLOB_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SAMPLE_BYTES = 64 * 1024
 _BLOB_ZLIB_LEVEL = 6
 
 BlobEncoding = Literal["zlib", "raw"]
@@ -69,6 +70,12 @@ def encode_blob(data: bytes) -> tuple[str, BlobEncoding, bytes]:
     if len(data) > MAX_BLOB_BYTES:
         raise ValueError(f"blob of {len(data)} bytes is over the limit of {MAX_BLOB_BYTES} bytes")
     data = bytes(data)
+    if len(data) > _SAMPLE_BYTES * 4:
+        # Compressing megabytes that do not compress (archives, images, random data) costs ~30 ms/MB for
+        # nothing: a sample says whether the whole is worth trying.
+        sample = data[: _SAMPLE_BYTES // 2] + data[len(data) // 2 : len(data) // 2 + _SAMPLE_BYTES // 2]
+        if len(zlib.compress(sample, 1)) > len(sample) * 0.9:
+            return blob_digest(data), "raw", data
     packed = zlib.compress(data, _BLOB_ZLIB_LEVEL)
     if len(packed) < len(data):
         return blob_digest(data), "zlib", packed
