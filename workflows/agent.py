@@ -491,6 +491,7 @@ class AgentWorkflow:
         if fork is not None:  # the source's first steps are in the store already, copied by fork_prepare
             assert inp.fork is not None
             carry.step, carry.transcript_len, carry.pending = fork.step, fork.transcript_len, []
+            carry.forked_at_step = fork.step
             carry.checkpoint = fork.checkpoint
             carry.fork_of = f"{inp.fork.workflow_id} step {fork.step}"
             if config.search_attributes:

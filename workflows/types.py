@@ -158,6 +158,7 @@ class Carry(BaseModel):
     mcp_snapshot: str = ""  # digest of the run's MCP tool list in the run store (taken at start)
     checkpoint: str = ""  # the workspace checkpoint the sandbox must hold before the next sandbox tool
     fork_of: str = ""  # "<workflow id> step <n>" when the run is a fork
+    forked_at_step: int = 0  # its step numbers go on from the source's; its max_steps counts from here
     mcp_per_run: list[str] = Field(default_factory=list)  # MCP servers started for this run alone
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its

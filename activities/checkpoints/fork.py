@@ -9,6 +9,8 @@ first sandbox tool runs. The source is only read.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import activity
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
@@ -19,6 +21,7 @@ from activities.store.base import StoredMessage
 from workflows.types import ForkRequest, ForkResult, Message, StatusView
 
 MAX_FORK_ENTRIES = 100_000
+QUERY_TIMEOUT = timedelta(seconds=30)
 
 
 class ForkActivities:
@@ -81,7 +84,8 @@ def checkpoint_at(transcript: list[StoredMessage], end: int) -> str:
 async def _source_status(req: ForkRequest) -> StatusView:
     handle = activity.client().get_workflow_handle(req.source.workflow_id, run_id=req.source.run_id or None)
     try:
-        view: StatusView = await handle.query("status", result_type=StatusView)
+        # Bounded: a source whose workers are gone must not hold the fork's start for the activity's timeout.
+        view: StatusView = await handle.query("status", result_type=StatusView, rpc_timeout=QUERY_TIMEOUT)
         return view
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
