@@ -90,8 +90,12 @@ def conversation_keeper(client: Client, retention_s: float) -> Callable[[str, fl
     return keep
 
 
-async def collect_garbage(client: Client, store: RunStore, retention_days: float) -> gc.GcReport:
-    return await gc.collect(store, keep_conversation=conversation_keeper(client, retention_days * 86400))
+async def collect_garbage(
+    client: Client, store: RunStore, retention_days: float, *, grace_s: float = 3600.0
+) -> gc.GcReport:
+    """Delete the store blobs no open run or kept checkpoint references (see ``activities.checkpoints.gc``)."""
+    keep = conversation_keeper(client, retention_days * 86400)
+    return await gc.collect(store, keep_conversation=keep, grace_s=grace_s)
 
 
 async def reap_forever(
