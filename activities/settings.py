@@ -104,6 +104,18 @@ class SandboxSettings:
 
 
 @dataclass(frozen=True)
+class CheckpointSettings:
+    """Workspace checkpoints (``AGENT_CHECKPOINT_*``)."""
+
+    max_mb: int = 256  # a workspace over this is not checkpointed (a tool error says so)
+    retention_days: float = 7.0  # closed runs keep their checkpoints this long (to be forked)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.max_mb * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class ObservabilitySettings:
     log_level: str = "INFO"
     metrics_port: int | None = None  # AGENT_METRICS_PORT: Prometheus on 0.0.0.0:N/metrics
@@ -126,6 +138,7 @@ class Settings:
     openai: ProviderEndpoint = field(default_factory=lambda: ProviderEndpoint("https://api.openai.com/v1"))
     anthropic: ProviderEndpoint = field(default_factory=lambda: ProviderEndpoint("https://api.anthropic.com"))
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
     extensions: ExtensionSettings = field(default_factory=ExtensionSettings)
     http_allow: tuple[str, ...] = ()
@@ -179,6 +192,10 @@ class Settings:
                 e2b=_e2b(reader, limits),
                 e2b_api_key=e2b_key,
                 reap_interval_s=reader.number("AGENT_REAP_INTERVAL_S", 600.0, minimum=0.0),
+            ),
+            checkpoints=CheckpointSettings(
+                max_mb=reader.integer("AGENT_CHECKPOINT_MAX_MB", 256, low=1, high=1024 * 1024),
+                retention_days=reader.number("AGENT_CHECKPOINT_RETENTION_DAYS", 7.0, minimum=0.0),
             ),
             observability=_observability(reader),
             extensions=ExtensionSettings(

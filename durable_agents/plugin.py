@@ -39,6 +39,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from activities.approvals import ApprovalActivities
+from activities.checkpoints.fork import ForkActivities
 from activities.mcp.activity import McpActivities
 from activities.models.activity import ModelActivities
 from activities.models.registry import ProviderRegistry
@@ -71,6 +72,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         sandbox.sandbox_kill,
         mcp.mcp,
         mcp.mcp_release,
+        ForkActivities(runtime).fork_prepare,
         *tool_activities(runtime),
     ]
 
@@ -130,7 +132,13 @@ class DurableAgentsPlugin(SimplePlugin):
             self.runtime.search_attributes_ready = await ensure_search_attributes(client)
         reaper = (
             asyncio.create_task(
-                reap_forever(client, self.runtime.sandbox_backend, self.settings.sandbox.reap_interval_s),
+                reap_forever(
+                    client,
+                    self.runtime.sandbox_backend,
+                    self.settings.sandbox.reap_interval_s,
+                    store=lambda: self.runtime.store,
+                    retention_days=self.settings.checkpoints.retention_days,
+                ),
                 name="sandbox-reaper",
             )
             if self._reaper

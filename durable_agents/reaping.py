@@ -6,14 +6,18 @@ Used by ``starter.py sandboxes reap`` and by the worker's periodic reaper task.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.checkpoints import gc
+from activities.checkpoints.gc import workflow_of
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
+from activities.store.base import RunStore
 
 log = structlog.get_logger("reaper")
 
@@ -27,7 +31,10 @@ def run_closed_checker(client: Client) -> Callable[[str], Awaitable[bool]]:
     """
 
     async def is_run_closed(conversation_id: str) -> bool:
-        workflow_id, _, first_run_id = conversation_id.rpartition("/")
+        try:  # a branch of a rewound run ("<id>/<first run>~<branch>") belongs to the same chain
+            workflow_id, first_run_id = workflow_of(conversation_id)
+        except ValueError:
+            workflow_id, first_run_id = conversation_id, ""
         try:
             desc = await client.get_workflow_handle(workflow_id).describe()
         except RPCError as err:
@@ -46,14 +53,81 @@ async def reap_once(client: Client, backend: SandboxBackend, *, min_age_s: float
     return await reap(backend, run_closed_checker(client), min_age_s=min_age_s)
 
 
-async def reap_forever(client: Client, backend: Callable[[], SandboxBackend], every_s: float) -> None:
-    """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised."""
+def conversation_keeper(client: Client, retention_s: float) -> Callable[[str, float], Awaitable[bool]]:
+    """``keep(conversation_id, last_write)`` for checkpoint garbage collection.
+
+    Kept: conversations of running chains, and of chains closed less than ``retention_s`` ago (so
+    they can still be forked). A conversation Temporal no longer knows (its history passed the
+    namespace's retention), or whose workflow id now belongs to a newer chain, is kept until
+    ``retention_s`` after its last write.
+    """
+    described: dict[str, tuple[str, bool, float | None]] = {}  # workflow id -> (first run, running, closed at)
+
+    async def keep(conversation_id: str, last_write: float) -> bool:
+        now = time.time()
+        try:
+            workflow_id, first_run_id = workflow_of(conversation_id)
+        except ValueError:
+            return now - last_write < retention_s
+        if workflow_id not in described:
+            try:
+                desc = await client.get_workflow_handle(workflow_id).describe()
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise  # unsure: collect nothing rather than delete what a live run needs
+                described[workflow_id] = ("", False, None)
+            else:
+                closed = desc.close_time.timestamp() if desc.close_time else None
+                first = desc.raw_description.workflow_execution_info.first_run_id
+                described[workflow_id] = (first, desc.status == WorkflowExecutionStatus.RUNNING, closed)
+        first, running, closed_at = described[workflow_id]
+        if first != first_run_id:
+            return now - last_write < retention_s
+        if running:
+            return True
+        return now - (closed_at if closed_at is not None else last_write) < retention_s
+
+    return keep
+
+
+async def collect_garbage(
+    client: Client, store: RunStore, retention_days: float, *, grace_s: float = 3600.0
+) -> gc.GcReport:
+    """Delete the store blobs no open run or kept checkpoint references (see ``activities.checkpoints.gc``)."""
+    keep = conversation_keeper(client, retention_days * 86400)
+    return await gc.collect(store, keep_conversation=keep, grace_s=grace_s)
+
+
+async def reap_forever(
+    client: Client,
+    backend: Callable[[], SandboxBackend],
+    every_s: float,
+    *,
+    store: Callable[[], RunStore] | None = None,
+    retention_days: float = 7.0,
+) -> None:
+    """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
+
+    A pass kills the sandboxes of closed runs, then (with ``store``) deletes the run store blobs no
+    open run or kept checkpoint references.
+    """
     while True:
         await asyncio.sleep(every_s)
         try:
             report = await reap_once(client, backend())
         except Exception as exc:  # the reaper is a safety net; it must never take the worker down
             log.warning("reap_failed", error=str(exc))
+        else:
+            if report.killed or report.errors:
+                log.info("reaped", summary=report.summary())
+        if store is None:
             continue
-        if report.killed or report.errors:
-            log.info("reaped", summary=report.summary())
+        try:
+            collected = await collect_garbage(client, store(), retention_days)
+        except Exception as exc:
+            log.warning("checkpoint_gc_failed", error=str(exc)[:300])
+        else:
+            if collected.deleted or collected.problems:
+                log.info(
+                    "checkpoint_gc", deleted=collected.deleted, kept=collected.kept, problems=len(collected.problems)
+                )

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from activities.settings import Settings
+from workflows.progress import SEARCH_ATTRIBUTES as RUN_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".temporal"
@@ -25,13 +26,7 @@ PIDFILE = STATE / "server.pid"
 TEMPORAL = Path(sys.executable).parent / "temporal"
 # Search attributes the runtime keeps current (the dev server needs them declared up front).
 SETTINGS = Settings.from_env()
-SEARCH_ATTRIBUTES = [
-    "AgentState=Keyword",
-    "AgentPendingApprovals=Int",
-    "AgentTenant=Keyword",
-    "AgentModel=Keyword",
-    "AgentCostUsd=Double",
-]
+SEARCH_ATTRIBUTES = [f"{name}={kind}" for name, kind in RUN_SEARCH_ATTRIBUTES.items()]
 
 
 def _address() -> tuple[str, int]:

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
-    from workflows.progress import PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
+    from workflows.progress import FORK_OF, PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.tool_calls import ToolCallRunner
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
@@ -39,6 +39,8 @@ with workflow.unsafe.imports_passed_through():
         CompensationRequest,
         DecideRequest,
         DecideResult,
+        ForkRequest,
+        ForkResult,
         Message,
         ModelRequest,
         ModelTurn,
@@ -117,6 +119,7 @@ class AgentWorkflow:
         self._children_usage = Usage()
         self._model = ""
         self._output = ""
+        self._carry: Carry | None = None  # the loop's state once the run started (read by ``status``)
         self._last_event = "starting"
         # Refusals are counted from the first activation on (signals are handled before ``run``
         # starts), and carried across continue-as-new.
@@ -156,6 +159,8 @@ class AgentWorkflow:
             refused_counts=dict(self._book.refused_counts),
             own_usage=_minus(self._usage, self._children_usage),
             children_usage=self._children_usage,
+            conversation_id=self._carry.conversation_id if self._carry else "",
+            checkpoint=self._carry.checkpoint if self._carry else "",
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -352,11 +357,14 @@ class AgentWorkflow:
         # stream poll arriving first can split the marker from its command across workflow tasks.
         workflow.patched(SEARCH_ATTRIBUTES_PATCH)
         carry = inp.carry or await self._fresh_carry(inp)
+        self._carry = carry
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
         self._children_usage = carry.children_usage
         self._search_attributes = carry.search_attributes
         if inp.carry is None:
             notes = "".join(f"\n{note}" for note in self._start_notes)
+            if carry.fork_of:
+                notes += f"\nforked from {carry.fork_of}"
             self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}{notes}")
         self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
@@ -423,10 +431,14 @@ class AgentWorkflow:
 
     async def _fresh_carry(self, inp: AgentInput) -> Carry:
         info = workflow.info()
+        conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
+        fork = await self._fork(inp, conversation_id) if inp.fork is not None else None
         try:
             config = await workflow.execute_local_activity(
                 "run_config",
-                RunConfigRequest(model=inp.model, tools=inp.tools, subagents=inp.subagents),
+                RunConfigRequest(
+                    model=inp.model or (fork.model if fork else ""), tools=inp.tools, subagents=inp.subagents
+                ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
                 retry_policy=RetryPolicy(
@@ -439,7 +451,6 @@ class AgentWorkflow:
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
         ]
-        conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
         self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]
         if inp.parent_conversation and (
             info.parent is None or not inp.parent_conversation.startswith(f"{info.parent.workflow_id}/")
@@ -447,7 +458,9 @@ class AgentWorkflow:
             raise _invalid_input("parent_conversation: only a sub-agent may work in its own parent's sandbox")
         if inp.budget is not None and info.parent is None:
             raise _invalid_input("budget: only a sub-agent spends from a tree's budget (set by its parent)")
-        return Carry(
+        if inp.checkpoint and not inp.parent_conversation:
+            raise _invalid_input("checkpoint: only a sub-agent working in its parent's sandbox starts from one")
+        carry = Carry(
             conversation_id=conversation_id,
             step=0,
             transcript_len=len(opening),
@@ -473,7 +486,35 @@ class AgentWorkflow:
                 else None
             ),
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
+            checkpoint=inp.checkpoint,
         )
+        if fork is not None:  # the source's first steps are in the store already, copied by fork_prepare
+            assert inp.fork is not None
+            carry.step, carry.transcript_len, carry.pending = fork.step, fork.transcript_len, []
+            carry.forked_at_step = fork.step
+            carry.checkpoint = fork.checkpoint
+            carry.fork_of = f"{inp.fork.workflow_id} step {fork.step}"
+            if config.search_attributes:
+                workflow.upsert_search_attributes([FORK_OF.value_set(inp.fork.workflow_id)])
+        return carry
+
+    async def _fork(self, inp: AgentInput, conversation_id: str) -> ForkResult:
+        """Copy the source run's first steps into this run's transcript; where its workspace was then."""
+        assert inp.fork is not None
+        try:
+            result: ForkResult = await workflow.execute_activity(
+                "fork_prepare",
+                ForkRequest(source=inp.fork, conversation_id=conversation_id, task=inp.task),
+                result_type=ForkResult,
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["InvalidInput"]),
+                summary=f"fork {inp.fork.workflow_id[:80]} at step {inp.fork.step}",
+            )
+            return result
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            raise _invalid_input(f"fork: {safe(cause_text(err), MESSAGE_MAX)}") from None
 
     async def _loop(self, inp: AgentInput, carry: Carry) -> AgentResult:
         while True:
@@ -503,6 +544,10 @@ class AgentWorkflow:
                 return self._finish("failed", f"model {carry.model} failed: {cause_text(err)}")
 
             self._usage = carry.usage = carry.usage.plus(turn.usage)
+            if turn.conversation_id and turn.conversation_id != carry.conversation_id:
+                # The run was reset to an earlier step: its future goes on a branch of the transcript.
+                self._emit("rewound", f"turn {carry.step}: continuing on transcript branch {turn.conversation_id}")
+                carry.conversation_id = turn.conversation_id
             carry.transcript_len = turn.message_seq + 1
             self._emit(
                 "model_answered",
@@ -619,7 +664,8 @@ class AgentWorkflow:
         self._state = status
         self._output = output
         self._emit("finished", f"finished: {status}", status=status)
-        return AgentResult(status=status, output=output, usage=self._usage, steps=self._step)
+        checkpoint = self._carry.checkpoint if self._carry else ""
+        return AgentResult(status=status, output=output, usage=self._usage, steps=self._step, checkpoint=checkpoint)
 
 
 def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:

@@ -17,7 +17,7 @@ def deadline(limits: Limits, carry: Carry) -> float:
 
 def limit_reason(limits: Limits, carry: Carry, now: float) -> str:
     """Why the run must stop before another model turn, or ``""``."""
-    if carry.step >= limits.max_steps:
+    if carry.step - carry.forked_at_step >= limits.max_steps:  # a fork's limit counts its own steps
         return f"max_steps={limits.max_steps} reached"
     if carry.usage.total_tokens >= limits.max_tokens:
         return f"max_tokens={limits.max_tokens} reached ({carry.usage.total_tokens} used)"

@@ -28,6 +28,7 @@ EventKind = Literal[
     "approval_decided",
     "decision_refused",
     "continued_as_new",
+    "rewound",
     "finished",
 ]
 TOPIC = "progress"
@@ -44,7 +45,9 @@ PENDING_APPROVALS = SearchAttributeKey.for_int("AgentPendingApprovals")
 TENANT = SearchAttributeKey.for_keyword("AgentTenant")
 MODEL = SearchAttributeKey.for_keyword("AgentModel")
 COST_USD = SearchAttributeKey.for_float("AgentCostUsd")
+FORK_OF = SearchAttributeKey.for_keyword("AgentForkOf")  # set once, on forks: the source run's workflow id
 SEARCH_ATTRIBUTES = {
+    FORK_OF.name: "Keyword",
     STATE.name: "Keyword",
     PENDING_APPROVALS.name: "Int",
     TENANT.name: "Keyword",

@@ -187,6 +187,7 @@ class ToolCallRunner:
             depth=inp.depth + 1,
             budget=carry.budget,
             parent_conversation=carry.conversation_id if definition.share_sandbox else "",
+            checkpoint=carry.checkpoint if definition.share_sandbox else "",
         )
         child_id = child_workflow_id(call, carry, index)
         self.on_child(child_id)
@@ -213,6 +214,8 @@ class ToolCallRunner:
             self.on_child_ended(child_id)
         first_line = (result.output.splitlines() or [""])[0][:200]
         self.children[child_id] = f"{result.status} after {result.steps} step(s): {first_line}"
+        if definition.share_sandbox and result.checkpoint:
+            carry.checkpoint = result.checkpoint  # it worked in this run's workspace
         carry.children_usage = carry.children_usage.plus(result.usage)
         carry.usage = carry.usage.plus(result.usage)
         if self.on_usage is not None:
@@ -315,8 +318,11 @@ class ToolCallRunner:
             policy_rule=decision.rule,
             mcp=call.mcp,
             side_effect=call.side_effect,
+            checkpoints=call.uses_sandbox,
+            checkpoint=carry.checkpoint,
         )
         outcome = await self._invoke(call, invocation)
+        self._adopt_checkpoint(carry, outcome)
         while isinstance(outcome, ToolOutcome) and outcome.unknown:
             # Never a blind retry: a human says whether it happened.
             aid = self._open_approval(inp, carry, call, decision, kind="resolve_unknown_outcome")
@@ -326,8 +332,11 @@ class ToolCallRunner:
                 outcome = refusal.replace("expired", "(unknown outcome) expired", 1)
                 break
             note = f"{verdict.reviewer}" + (f" ({verdict.note})" if verdict.note else "")
-            invocation = invocation.model_copy(update={"resolution": verdict.outcome, "resolution_note": note})
+            invocation = invocation.model_copy(
+                update={"resolution": verdict.outcome, "resolution_note": note, "checkpoint": carry.checkpoint}
+            )
             outcome = await self._invoke(call, invocation)
+            self._adopt_checkpoint(carry, outcome)
         ok = isinstance(outcome, ToolOutcome) and outcome.ok
         self._finished(carry, call, ok, outcome if isinstance(outcome, str) else outcome.preview)
         if isinstance(outcome, str):
@@ -343,6 +352,12 @@ class ToolCallRunner:
                     compensable=call.compensable,
                 )
             )
+
+    @staticmethod
+    def _adopt_checkpoint(carry: Carry, outcome: ToolOutcome | str) -> None:
+        """The workspace a sandbox tool left is what the next one must find (restored when it is not)."""
+        if isinstance(outcome, ToolOutcome) and outcome.checkpoint:
+            carry.checkpoint = outcome.checkpoint
 
     async def _invoke(self, call: ToolCall, invocation: ToolInvocation) -> ToolOutcome | str:
         """The tool activity's outcome, or error text when every attempt failed."""

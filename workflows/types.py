@@ -156,6 +156,9 @@ class Carry(BaseModel):
     budget: TreeBudget | None = None  # set when the run is part of a tree of runs
     shared_sandbox: str = ""  # the parent's conversation when the run works in its parent's sandbox
     mcp_snapshot: str = ""  # digest of the run's MCP tool list in the run store (taken at start)
+    checkpoint: str = ""  # the workspace checkpoint the sandbox must hold before the next sandbox tool
+    fork_of: str = ""  # "<workflow id> step <n>" when the run is a fork
+    forked_at_step: int = 0  # its step numbers go on from the source's; its max_steps counts from here
     mcp_per_run: list[str] = Field(default_factory=list)  # MCP servers started for this run alone
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
@@ -195,6 +198,16 @@ class Carry(BaseModel):
         return stream
 
 
+class ForkSpec(BaseModel):
+    """Where a fork starts: a run (its latest, or ``run_id``) and the number of its steps to keep."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow_id: str = Field(min_length=1, max_length=1000)
+    run_id: str = Field(default="", max_length=100)
+    step: int = Field(ge=0, le=1_000_000)
+
+
 class AgentInput(BaseModel):
     """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name."""
 
@@ -218,6 +231,9 @@ class AgentInput(BaseModel):
     # A sub-agent with ``share_sandbox``: its parent's conversation, whose sandbox it works in (checked
     # against the run's actual parent, so no run can name another's workspace).
     parent_conversation: str = Field(default="", max_length=1000)
+    # A sandbox-sharing sub-agent's: the checkpoint its parent's workspace holds (set by the parent).
+    checkpoint: str = Field(default="", max_length=100)
+    fork: ForkSpec | None = None  # start from another run's first ``step`` steps and its workspace then
     carry: Carry | None = None  # set only by continue-as-new
 
     @field_validator("task")
@@ -233,6 +249,7 @@ class AgentResult(BaseModel):
     output: str
     usage: Usage
     steps: int
+    checkpoint: str = ""  # the workspace checkpoint the run ended with (a sandbox-sharing sub-agent's parent adopts it)
 
 
 class PendingApproval(BaseModel):
@@ -334,6 +351,8 @@ class StatusView(BaseModel):
     refused_counts: dict[str, int] = Field(default_factory=dict)
     own_usage: Usage = Field(default_factory=Usage)  # this run's model turns (``usage`` minus children)
     children_usage: Usage = Field(default_factory=Usage)  # what its child runs spent
+    conversation_id: str = ""  # where its transcript is in the run store (a fork starts from it)
+    checkpoint: str = ""  # the workspace checkpoint its sandbox is expected to hold
 
 
 # --- transcript -----------------------------------------------------------------
@@ -430,6 +449,9 @@ class ModelTurn(BaseModel):
     response_id: str = ""
     model: str = ""
     message_seq: int = 0
+    # Set when this turn moved the run to a new branch of its transcript (the run was reset: its old
+    # branch already holds a different future at these positions); the run continues there.
+    conversation_id: str = ""
 
 
 # --- tool activities ------------------------------------------------------------
@@ -455,6 +477,10 @@ class ToolInvocation(BaseModel):
     policy_rule: str = ""
     mcp: McpTarget | None = None  # set for MCP tools (activity ``mcp``); ``side_effect`` says if it is ledgered
     side_effect: bool = False
+    # Sandbox tools: the workflow tracks workspace checkpoints (False for calls scheduled by older code),
+    # and the checkpoint the workspace must hold before the tool runs ("" = none yet: an empty workspace).
+    checkpoints: bool = False
+    checkpoint: str = ""
 
 
 class ToolOutcome(BaseModel):
@@ -470,6 +496,7 @@ class ToolOutcome(BaseModel):
     size_bytes: int
     truncated: bool = False
     unknown: bool = False
+    checkpoint: str = ""  # the workspace checkpoint after the call ("" when none was taken)
 
 
 class SandboxRequest(BaseModel):
@@ -484,3 +511,17 @@ class SandboxRef(BaseModel):
 
 
 Carry.model_rebuild()
+
+
+class ForkRequest(BaseModel):
+    source: ForkSpec
+    conversation_id: str  # the fork's own
+    task: str = ""  # a new instruction after the source's steps ("" for none)
+
+
+class ForkResult(BaseModel):
+    source_conversation: str
+    transcript_len: int  # entries copied (plus the new instruction)
+    step: int  # the source's steps the fork starts after
+    checkpoint: str = ""  # the source's workspace at that step
+    model: str = ""  # the source's model (the fork's default)

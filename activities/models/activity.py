@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -144,8 +145,12 @@ class ModelActivities:
     async def model(self, req: ModelRequest) -> ModelTurn:
         with telemetry.activity_context(step=req.turn, turn=req.turn, model=req.model):
             store = self._rt.store
+            run_id = activity.info().workflow_run_id or ""
+            branch = await self._branch_after_reset(req, run_id)
+            if branch:
+                req = req.model_copy(update={"conversation_id": branch})
             for entry in req.append:
-                await store.put_message(req.conversation_id, entry.seq, entry.message)
+                await store.put_message(req.conversation_id, entry.seq, entry.message, {"run": run_id})
 
             stored = await store.get_message(req.conversation_id, req.transcript_len)
             budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
@@ -161,14 +166,41 @@ class ModelActivities:
                     if budget is not None:
                         await store.budget_release(budget.root, turn_key)
                     raise
+                meta["run"] = run_id
+                if req.mcp_snapshot:
+                    meta["mcp_snapshot"] = req.mcp_snapshot  # keeps the snapshot alive for garbage collection
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
             mcp_tools = await self._mcp_tools(req.mcp_snapshot)
             turn = self._turn(req, stored.message, stored.meta, mcp_tools)
+            if branch:
+                turn.conversation_id = branch
             if budget is not None:  # again when reused: the attempt that stored it may have died before this
                 await store.budget_settle(budget.root, turn_key, turn.usage.total_tokens, turn.usage.cost_usd)
             return turn
+
+    async def _branch_after_reset(self, req: ModelRequest, run_id: str) -> str:
+        """A new transcript branch when another run already wrote where this turn writes ("" otherwise).
+
+        Within one run and across continue-as-new, a position is first written by the run that gets
+        there. Finding one written by another run means this run was reset to an earlier step (by
+        ``starter.py rewind`` or ``temporal workflow reset``): the old future stays where it is, and
+        this run goes on in a copy of the transcript up to here, so its model is asked again.
+        Identical tool calls then get their recorded outcomes from the ledger (same idempotency keys).
+        """
+        store = self._rt.store
+        found = await store.get_message(req.conversation_id, req.transcript_len)
+        writer = found.meta.get("run", "") if found is not None else ""
+        if not writer or writer == run_id:  # entries stored before runs were recorded never branch
+            return ""
+        # Run ids are time-ordered UUIDs: their first characters repeat between runs, a hash of them does not.
+        branch = f"{req.conversation_id}~{hashlib.sha256(run_id.encode()).hexdigest()[:10]}"
+        # The entries this turn appends (results the workflow made itself) go to the branch too.
+        upto = min([entry.seq for entry in req.append] + [req.transcript_len])
+        copied = await store.copy_messages(req.conversation_id, branch, upto)
+        log.info("transcript_branched", source=req.conversation_id, branch=branch, copied=copied, written_by=writer)
+        return branch
 
     async def _reserve(self, budget: TreeBudget, turn_key: str) -> None:
         """Wait until the tree's budget lets this turn call the model; ``BudgetExhausted`` once it is spent."""

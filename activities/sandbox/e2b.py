@@ -21,6 +21,7 @@ the reaper can kill the VMs of closed runs.
   :class:`SandboxUnavailable` (fail closed); a VM that is gone raises
   :class:`SandboxMissing`; the rest raise :class:`SandboxError` (the model sees it).
   The API key is redacted from every message and exception chains are cut.
+* Workspace checkpoints: ``activities.sandbox.e2b_checkpoints`` (archives in and out of the VM).
 * No worker environment variable ever reaches the VM: ``envs={}`` at create and
   on every command.
 
@@ -64,6 +65,7 @@ from activities.sandbox.base import (
     validate_sandbox_id,
     workspace_relative,
 )
+from activities.sandbox.e2b_checkpoints import E2BCheckpoints
 from activities.settings import E2BConfig
 
 log = logging.getLogger(__name__)
@@ -117,8 +119,14 @@ class _Capture:
         return bytes(self.data).decode("utf-8", errors="replace")
 
 
-class E2BSandbox:
-    """One run's VM; ``sandbox_id`` is the logical id, ``ref`` E2B's."""
+class E2BSandbox(E2BCheckpoints):
+    """One run's VM; ``sandbox_id`` is the logical id, ``ref`` E2B's.
+
+    Workspace checkpoints (``scan_workspace``, ``read_workspace_files``, ``apply_workspace``, the
+    marker) come from :class:`~activities.sandbox.e2b_checkpoints.E2BCheckpoints`.
+    """
+
+    _backend: E2BSandboxBackend
 
     def __init__(self, backend: E2BSandboxBackend, sandbox_id: str, vm: Any) -> None:
         self.sandbox_id = sandbox_id

@@ -16,9 +16,10 @@ own file access therefore:
 * runs on a bounded executor of its own (:class:`HostExecutor`), never on asyncio's
   default one (which the run store shares), with a deadline on every operation.
 
-Tree walks (:func:`remove_tree`, :func:`measure_tree`) use the same fd-relative
-opens, never cross into another filesystem, and are bounded (depth kept short by
-renaming; entry, depth and time caps for measuring).
+Tree walks (:func:`remove_tree`, :func:`remove_tree_at`, :func:`measure_tree`,
+:func:`walk_tree`) use the same fd-relative opens, never cross into another
+filesystem, and are bounded (depth kept short by renaming; entry, depth and time caps
+for measuring and walking).
 """
 
 from __future__ import annotations
@@ -294,13 +295,40 @@ def remove_tree(path: Path, *, budget_s: float | None = None) -> None:
             return  # gone, or not a directory: nothing of ours to walk
         raise
     deadline = None if budget_s is None else time.monotonic() + budget_s
+    _empty_tree(root_fd, deadline, str(path))
+    os.rmdir(path)
+
+
+def remove_tree_at(dir_fd: int, name: str, *, deadline: float | None = None) -> None:
+    """Remove the entry ``name`` of the directory ``dir_fd``, whatever it is; a directory with all below it.
+
+    Like :func:`remove_tree`, but reached fd-relative from ``dir_fd``, so a symlink planted
+    anywhere on the way to it is never followed (a symlink at ``name`` is itself unlinked).
+    A filesystem mounted on ``name`` is never entered (:class:`OSError` ``EBUSY``).
+    """
+    try:
+        child = _open_for_removal(dir_fd, name)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        _unlink_at(dir_fd, name)
+        return
+    if os.fstat(child).st_dev != os.fstat(dir_fd).st_dev:
+        os.close(child)
+        raise OSError(errno.EBUSY, "a filesystem is mounted there", name)
+    _empty_tree(child, deadline, name)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _empty_tree(root_fd: int, deadline: float | None, shown: str) -> None:
+    """Remove everything below the directory ``root_fd`` (closed when done); the directory itself stays."""
     device = os.fstat(root_fd).st_dev
     moved = 0
     stack = [_Frame(root_fd, "", 0)]
     try:
         while stack:
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(errno.ETIMEDOUT, f"removal still going after {budget_s:g} s", str(path))
+                raise TimeoutError(errno.ETIMEDOUT, "removal still going at its deadline", shown)
             frame = stack[-1]
             if not frame.pending:  # (re)scan: unlink what is not a directory, list the directories
                 frame.pending = _clear_files(frame.fd)
@@ -329,7 +357,6 @@ def remove_tree(path: Path, *, budget_s: float | None = None) -> None:
         for frame in stack:
             with contextlib.suppress(OSError):
                 os.close(frame.fd)
-    os.rmdir(path)
 
 
 @dataclass
@@ -515,11 +542,139 @@ class _Count:
         return subdirectories
 
 
+# --- walking (checkpoints: every entry of a tree, bounded) ------------------------------
+
+
+class WalkLimit(SandboxError):
+    """:func:`walk_tree` stopped: more entries, deeper, or slower than its caps (``cap`` says which)."""
+
+    def __init__(self, cap: str, message: str) -> None:
+        super().__init__(message)
+        self.cap = cap  # "entries", "depth", "time" or "unreadable"
+
+
+@dataclass(frozen=True)
+class Found:
+    """One entry :func:`walk_tree` found: its path below the root, its ``lstat``, and where it is.
+
+    ``dir_fd`` (the directory holding it) is valid only until the walk goes on.
+    """
+
+    parts: tuple[str, ...]
+    info: os.stat_result
+    dir_fd: int
+    name: str
+
+
+def walk_tree(
+    root_fd: int,
+    *,
+    max_entries: int,
+    max_depth: int,
+    deadline: float,
+    descend: Callable[[Found], bool] | None = None,
+    skip_root: frozenset[str] = frozenset(),
+) -> Iterator[Found]:
+    """Every entry below the directory ``root_fd``, parents before children, nothing followed.
+
+    fd-relative and ``O_NOFOLLOW | O_NONBLOCK`` like :func:`measure_tree`; a directory on
+    another filesystem is yielded but never entered, and ``descend`` may keep the walk out
+    of others. Names in ``skip_root`` (e.g. ext4's ``lost+found``) are left out of the
+    root's listing. Over ``max_entries`` entries, ``max_depth`` levels, past ``deadline``
+    (``time.monotonic()``) or at a directory it may not read: :class:`WalkLimit`. The
+    consumer may remove or replace the entry it was given; the walk then notices, never
+    follows.
+    """
+    device = os.fstat(root_fd).st_dev
+    seen = 0
+    stack: list[tuple[int, tuple[str, ...], list[str]]] = []  # (fd, parts, names still to visit)
+
+    def listing(fd: int, parts: tuple[str, ...]) -> list[str]:
+        nonlocal seen
+        names: list[str] = []
+        try:
+            with os.scandir(fd) as scan:
+                for entry in scan:
+                    if not parts and entry.name in skip_root:
+                        continue
+                    seen += 1
+                    if seen > max_entries:
+                        raise WalkLimit("entries", f"it holds more than {max_entries} files and directories")
+                    names.append(entry.name)
+        except PermissionError:
+            raise WalkLimit("unreadable", UNREADABLE) from None
+        names.reverse()  # popped from the end: visited in the listing's order
+        return names
+
+    try:
+        stack.append((os.dup(root_fd), (), []))
+        stack[-1] = (stack[-1][0], (), listing(stack[-1][0], ()))
+        while stack:
+            if time.monotonic() > deadline:
+                raise WalkLimit("time", "walking it took too long")
+            fd, parts, pending = stack[-1]
+            if not pending:
+                stack.pop()
+                os.close(fd)
+                continue
+            name = pending.pop()
+            info = _lstat_at(fd, name)
+            if info is None:
+                continue  # removed meanwhile
+            found = Found((*parts, name), info, fd, name)
+            yield found
+            if not stat.S_ISDIR(info.st_mode) or info.st_dev != device:
+                continue
+            if descend is not None and not descend(found):
+                continue
+            if len(found.parts) >= max_depth:
+                raise WalkLimit("depth", f"it is nested deeper than {max_depth} directories")
+            try:
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except PermissionError:
+                raise WalkLimit("unreadable", UNREADABLE) from None
+            except OSError:  # removed, or replaced by something that is not a directory, meanwhile
+                continue
+            stack.append((child, found.parts, []))  # on the stack before listing, so that it is closed
+            if os.fstat(child).st_dev != device:
+                continue
+            stack[-1] = (child, found.parts, listing(child, found.parts))
+    finally:
+        for fd, _, _ in stack:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def chmod_at(dir_fd: int, name: str, mode: int, *, kind: int) -> bool:
+    """``chmod`` the entry ``name`` of ``dir_fd`` if it is of ``kind`` (``stat.S_IFREG``, ``S_IFDIR``).
+
+    Through an ``O_PATH | O_NOFOLLOW`` fd checked with ``fstat``, so never through a
+    symlink and without opening (a FIFO cannot block it). ``False`` when it is gone or
+    not of that kind.
+    """
+    try:
+        handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    try:
+        info = os.fstat(handle)
+        if stat.S_IFMT(info.st_mode) != kind:
+            return False
+        if stat.S_IMODE(info.st_mode) != mode:  # (a chmod changes the ctime even when the mode stays)
+            os.chmod(f"/proc/self/fd/{handle}", mode)
+        return True
+    finally:
+        os.close(handle)
+
+
 __all__ = [
     "FLATTEN_DEPTH",
+    "Found",
     "HostExecutor",
     "TooLarge",
     "Usage",
+    "WalkLimit",
+    "chmod_at",
     "describe",
     "locked",
     "measure_tree",
@@ -527,6 +682,8 @@ __all__ = [
     "read_at",
     "read_small",
     "remove_tree",
+    "remove_tree_at",
     "walk",
+    "walk_tree",
     "write_at",
 ]

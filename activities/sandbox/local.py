@@ -44,6 +44,9 @@ This module keeps the sandboxes (workspaces, ``meta.json``, file access); the re
 * :mod:`activities.sandbox.processes`: running a command to its end (output caps,
   timeout, emptying its pid namespace);
 * :mod:`activities.sandbox.hostfs`: non-blocking, no-follow host-side file access;
+* :mod:`activities.sandbox.local_checkpoints`: scanning, reading and rewriting the
+  workspace for checkpoints (the ``Checkpointable`` methods here are thin wrappers), and
+  the checkpoint marker next to ``meta.json``;
 * :mod:`activities.sandbox.quota`: the workspace quota.
 """
 
@@ -61,11 +64,12 @@ import secrets
 import signal
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
-from activities.sandbox import quota
+from activities.checkpoints.manifest import CheckpointMarker, ManifestEntry, ScanEntry
+from activities.sandbox import local_checkpoints, quota
 from activities.sandbox.base import (
     MAX_READ_BYTES,
     META_RUN,
@@ -101,6 +105,7 @@ from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits, host_
 from activities.sandbox.processes import execute, killpg
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 META_FILE = "meta.json"
 WORKSPACE_DIR = "workspace"
@@ -382,6 +387,77 @@ class LocalSandbox:
     async def kill(self) -> None:
         """Kill running commands and delete the workspace and its metadata (idempotent)."""
         await self._backend.kill(self.sandbox_id)
+
+    # --- checkpoints (``activities.checkpoints.engine``; the work is in ``local_checkpoints``) ---
+
+    async def scan_workspace(self, *, max_entries: int) -> list[ScanEntry]:
+        return await self._backend.bulk.run(
+            "scanning the workspace",
+            local_checkpoints.SCAN_BUDGET_S + local_checkpoints.MARGIN_S,
+            functools.partial(
+                self._in_workspace, local_checkpoints.scan, max_entries=max_entries, skip_root=self._skip_root()
+            ),
+        )
+
+    async def read_workspace_files(self, paths: list[str], *, max_bytes: int) -> dict[str, bytes]:
+        return await self._backend.bulk.run(
+            "reading the workspace's files",
+            local_checkpoints.READ_BUDGET_S + local_checkpoints.MARGIN_S,
+            functools.partial(self._in_workspace, local_checkpoints.read_files, paths, max_bytes=max_bytes),
+        )
+
+    async def apply_workspace(
+        self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]
+    ) -> None:
+        await self._backend.bulk.run(
+            "restoring the workspace",
+            local_checkpoints.APPLY_BUDGET_S + local_checkpoints.MARGIN_S,
+            functools.partial(
+                self._in_workspace,
+                local_checkpoints.apply,
+                entries,
+                contents,
+                keep,
+                owner=self.owner,
+                skip_root=self._skip_root(),
+            ),
+        )
+
+    async def checkpoint_marker(self) -> CheckpointMarker | None:
+        return await self._backend.io.run("reading the checkpoint marker", HOST_TIMEOUT_S, self._marker_sync)
+
+    async def set_checkpoint_marker(self, marker: CheckpointMarker) -> None:
+        await self._backend.io.run(
+            "writing the checkpoint marker", HOST_TIMEOUT_S, functools.partial(self._set_marker_sync, marker)
+        )
+
+    def _marker_sync(self) -> CheckpointMarker | None:
+        self._alive_sync()
+        return local_checkpoints.read_marker(self.directory)
+
+    def _set_marker_sync(self, marker: CheckpointMarker) -> None:
+        self._alive_sync()
+        local_checkpoints.write_marker(self.directory, marker)
+
+    def _skip_root(self) -> frozenset[str]:
+        return local_checkpoints.LOOP_ROOT_SKIP if self.quota_mechanism == quota.LOOP else frozenset()
+
+    def _in_workspace(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(workspace_fd, ...)`` on the workspace as it is now (in ``loop`` mode: the mounted image, never
+        the bare mount point under it)."""
+        self._alive_sync()
+        try:
+            root_fd = open_dir(self.workspace)
+        except FileNotFoundError:
+            raise SandboxMissing(
+                f"sandbox {self.sandbox_id!r} does not exist (it was killed or never created)"
+            ) from None
+        try:
+            if self.quota_mechanism == quota.LOOP and os.fstat(root_fd).st_dev == os.lstat(self.directory).st_dev:
+                raise SandboxError(f"the workspace of sandbox {self.sandbox_id!r} is not mounted; try again")
+            return fn(root_fd, *args, **kwargs)
+        finally:
+            os.close(root_fd)
 
 
 class LocalSandboxBackend:

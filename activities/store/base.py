@@ -4,6 +4,8 @@ Transcript entries are addressed by ``(conversation_id, seq)`` and written
 insert-if-absent: the first writer of a position wins and every later writer
 (a retry, a zombie attempt, a replay) reads back that same entry. This is what
 lets history carry only positions while replays see exactly the same transcript.
+Entries are never updated or deleted; each records when it was written (a copy
+into a fork is a write to the fork, so it is stamped when it is copied).
 
 Ledger entries are addressed by idempotency key (see ``activities.store.ledger``).
 
@@ -30,6 +32,7 @@ from workflows.types import Message
 
 MAX_BLOB_BYTES = 64 * 1024 * 1024
 _BLOB_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SAMPLE_BYTES = 64 * 1024
 _BLOB_ZLIB_LEVEL = 6
 
 BlobEncoding = Literal["zlib", "raw"]
@@ -37,6 +40,10 @@ BlobEncoding = Literal["zlib", "raw"]
 
 class StoreError(Exception):
     """The store is unreachable or inconsistent."""
+
+
+class BlobCorrupt(StoreError):
+    """A stored blob row is not the bytes of its digest (the store itself answered: it is not unreachable)."""
 
 
 class StoredMessage(BaseModel):
@@ -63,6 +70,12 @@ def encode_blob(data: bytes) -> tuple[str, BlobEncoding, bytes]:
     if len(data) > MAX_BLOB_BYTES:
         raise ValueError(f"blob of {len(data)} bytes is over the limit of {MAX_BLOB_BYTES} bytes")
     data = bytes(data)
+    if len(data) > _SAMPLE_BYTES * 4:
+        # Compressing megabytes that do not compress (archives, images, random data) costs ~30 ms/MB for
+        # nothing: a sample says whether the whole is worth trying.
+        sample = data[: _SAMPLE_BYTES // 2] + data[len(data) // 2 : len(data) // 2 + _SAMPLE_BYTES // 2]
+        if len(zlib.compress(sample, 1)) > len(sample) * 0.9:
+            return blob_digest(data), "raw", data
     packed = zlib.compress(data, _BLOB_ZLIB_LEVEL)
     if len(packed) < len(data):
         return blob_digest(data), "zlib", packed
@@ -70,7 +83,7 @@ def encode_blob(data: bytes) -> tuple[str, BlobEncoding, bytes]:
 
 
 def decode_blob(digest: str, size: int, encoding: str, stored: bytes) -> bytes:
-    """The original bytes of a stored blob row; ``StoreError`` naming ``digest`` unless they are its bytes."""
+    """The original bytes of a stored blob row; ``BlobCorrupt`` naming ``digest`` unless they are its bytes."""
     if encoding == "raw":
         data = bytes(stored)
     elif encoding == "zlib":
@@ -80,14 +93,14 @@ def decode_blob(digest: str, size: int, encoding: str, stored: bytes) -> bytes:
             # (the +1 also keeps the limit positive, since 0 would mean no limit at all).
             data = inflater.decompress(stored, max(0, min(size, MAX_BLOB_BYTES)) + 1)
         except zlib.error as exc:
-            raise StoreError(f"blob {digest} is corrupt: cannot inflate it ({exc})") from None
+            raise BlobCorrupt(f"blob {digest} is corrupt: cannot inflate it ({exc})") from None
     else:
-        raise StoreError(f"blob {digest} is corrupt: unknown encoding {encoding!r}")
+        raise BlobCorrupt(f"blob {digest} is corrupt: unknown encoding {encoding!r}")
     if len(data) != size:
-        raise StoreError(f"blob {digest} is corrupt: {len(data)} bytes where {size} were stored")
+        raise BlobCorrupt(f"blob {digest} is corrupt: {len(data)} bytes where {size} were stored")
     actual = blob_digest(data)
     if actual != digest:
-        raise StoreError(f"blob {digest} is corrupt: its bytes hash to {actual}")
+        raise BlobCorrupt(f"blob {digest} is corrupt: its bytes hash to {actual}")
     return data
 
 
@@ -102,6 +115,35 @@ class RunStore(Protocol):
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
         """Entries ``[0, upto)`` in order; ``StoreError`` if any position is missing."""
+        ...
+
+    async def transcript(self, conversation_id: str, limit: int = 100_000) -> list[StoredMessage]:
+        """The contiguous entries from seq 0, in order, at most ``limit``: it stops at the first missing position."""
+        ...
+
+    async def entries_after(self, conversation_id: str, after: int = -1, limit: int = 1000) -> list[StoredMessage]:
+        """Every stored entry with ``seq > after``, in order, gaps and all, at most ``limit``.
+
+        For reading a whole conversation a page at a time (garbage collection must see every entry,
+        including those past a gap or a tool result written before its sibling).
+        """
+        ...
+
+    async def copy_messages(self, source: str, target: str, upto: int) -> int:
+        """Copy entries ``[0, upto)`` of ``source`` (message and meta) into ``target``, insert-if-absent.
+
+        One transaction: ``StoreError`` naming the missing positions, and nothing copied, when ``source``
+        lacks any of them. A position ``target`` holds already keeps its entry (the first writer wins, as
+        for ``put_message``). Idempotent. Returns how many of the positions ``[0, upto)`` ``target`` now
+        holds, which after a successful copy is ``upto``. ``ValueError`` for a negative ``upto``.
+        """
+        ...
+
+    async def conversations(self) -> list[tuple[str, float]]:
+        """Every conversation id with the unix time of its last write (its newest entry), sorted by id.
+
+        The SQLite store keeps entry times to the second.
+        """
         ...
 
     async def claim(self, request: ClaimRequest) -> Claim:
@@ -153,8 +195,19 @@ class RunStore(Protocol):
     async def get_blob(self, digest: str) -> bytes | None:
         """The bytes stored under ``digest``, or None (also for a malformed digest).
 
-        ``StoreError`` naming the digest when the stored bytes do not hash to it.
+        ``BlobCorrupt`` (a ``StoreError``) naming the digest when the stored bytes do not hash to it.
         """
+        ...
+
+    async def blob_digests(self, older_than: float) -> list[str]:
+        """Digests of the blobs first stored before unix time ``older_than``, sorted.
+
+        A later put of the same bytes does not make a blob younger (see ``activities.checkpoints.gc``).
+        """
+        ...
+
+    async def delete_blobs(self, digests: list[str]) -> int:
+        """Delete the blobs stored under ``digests``; how many were deleted (absent ones are not counted)."""
         ...
 
     async def close(self) -> None: ...

@@ -83,6 +83,10 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL;
     """,
+    # Garbage collection lists the blobs older than its grace period.
+    """
+    CREATE INDEX blobs_created ON blobs (created_at);
+    """,
 )
 # pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
 _MIGRATION_LOCK = 0x6167656E746D6967
@@ -90,6 +94,7 @@ _LEDGER_COLUMNS = (
     "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
 )
 _CONNECT_TIMEOUT_S = 10
+_DELETE_BATCH = 1000  # digests per DELETE: one short statement each, not one long lock on many rows
 
 
 def redact_url(url: str) -> str:
@@ -234,6 +239,62 @@ class PostgresRunStore:
             raise StoreError(f"transcript {conversation_id} is missing entries {missing[:10]}")
         return found
 
+    async def transcript(self, conversation_id: str, limit: int = 100_000) -> list[StoredMessage]:
+        found: list[StoredMessage] = []
+        async with self._conn() as conn:
+            cur = conn.cursor()
+            await cur.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = %s AND seq >= 0 AND seq < %s"
+                " ORDER BY seq",
+                (conversation_id, max(0, limit)),
+            )
+            async for row in cur:
+                if row[0] != len(found):
+                    break  # the first gap
+                found.append(self._message(row))
+        return found
+
+    async def entries_after(self, conversation_id: str, after: int = -1, limit: int = 1000) -> list[StoredMessage]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = %s AND seq > %s"
+                " ORDER BY seq LIMIT %s",
+                (conversation_id, after, max(0, limit)),
+            )
+            rows = await cur.fetchall()
+        return [self._message(r) for r in rows]
+
+    async def copy_messages(self, source: str, target: str, upto: int) -> int:
+        if upto < 0:
+            raise ValueError(f"cannot copy up to a negative position ({upto})")
+        span = "conversation_id = %s AND seq >= 0 AND seq < %s"
+        async with self._conn() as conn, conn.transaction():
+            # Entries are never deleted, so what this finds in the source stays there until the copy.
+            cur = await conn.execute(f"SELECT seq FROM transcript WHERE {span}", (source, upto))
+            present = {r[0] for r in await cur.fetchall()}
+            if len(present) != upto:
+                missing = sorted(set(range(upto)) - present)
+                raise StoreError(f"transcript {source} is missing entries {missing[:10]}: nothing copied")
+            await conn.execute(
+                "INSERT INTO transcript (conversation_id, seq, message, meta)"
+                f" SELECT %s, seq, message, meta FROM transcript WHERE {span}"
+                " ON CONFLICT (conversation_id, seq) DO NOTHING",
+                (target, source, upto),
+            )
+            cur = await conn.execute(f"SELECT COUNT(*) FROM transcript WHERE {span}", (target, upto))
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def conversations(self) -> list[tuple[str, float]]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT conversation_id, EXTRACT(EPOCH FROM MAX(created_at))::float8 FROM transcript"
+                " GROUP BY conversation_id ORDER BY conversation_id"
+            )
+            rows = await cur.fetchall()
+        return [(r[0], float(r[1])) for r in rows]
+
     # --- ledger ---------------------------------------------------------------------
 
     @staticmethod
@@ -373,6 +434,23 @@ class PostgresRunStore:
         if row is None:
             return None
         return await asyncio.to_thread(decode_blob, digest, row[0], row[1], row[2])
+
+    async def blob_digests(self, older_than: float) -> list[str]:
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT digest FROM blobs WHERE created_at < %s ORDER BY digest", (older_than,))
+            rows = await cur.fetchall()
+        return [r[0] for r in rows]
+
+    async def delete_blobs(self, digests: list[str]) -> int:
+        unique = sorted(set(digests))
+        deleted = 0
+        for start in range(0, len(unique), _DELETE_BATCH):
+            async with self._conn() as conn:
+                cur = await conn.execute(
+                    "DELETE FROM blobs WHERE digest = ANY(%s)", (unique[start : start + _DELETE_BATCH],)
+                )
+            deleted += cur.rowcount
+        return deleted
 
     async def close(self) -> None:
         async with self._opening:

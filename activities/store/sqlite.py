@@ -60,7 +60,10 @@ CREATE TABLE IF NOT EXISTS blobs (
     data BLOB NOT NULL,
     created_at REAL NOT NULL
 );
+-- Covering, so that listing old blobs never reads their data (which sits before created_at in a row).
+CREATE INDEX IF NOT EXISTS blobs_created ON blobs (created_at, digest);
 """
+_DELETE_BATCH = 500  # digests per DELETE (well under SQLite's limit of bound parameters)
 _LEDGER_COLUMNS = (
     "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
 )
@@ -111,6 +114,59 @@ class SQLiteRunStore:
             raise StoreError(f"transcript {conversation_id} is missing entries {missing[:10]}")
         return found
 
+    def _transcript(self, conversation_id: str, limit: int) -> list[StoredMessage]:
+        found: list[StoredMessage] = []
+        with self._lock:
+            cur = self._conn.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = ? AND seq >= 0 AND seq < ?"
+                " ORDER BY seq",
+                (conversation_id, max(0, limit)),
+            )
+            for row in cur:
+                if row[0] != len(found):
+                    break  # the first gap
+                found.append(self._row(row))
+        return found
+
+    def _entries_after(self, conversation_id: str, after: int, limit: int) -> list[StoredMessage]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT seq, message, meta FROM transcript WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (conversation_id, after, max(0, limit)),
+            ).fetchall()
+        return [self._row(r) for r in rows]
+
+    def _copy(self, source: str, target: str, upto: int) -> int:
+        if upto < 0:
+            raise ValueError(f"cannot copy up to a negative position ({upto})")
+        span = "conversation_id = ? AND seq >= 0 AND seq < ?"
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                present = {r[0] for r in self._conn.execute(f"SELECT seq FROM transcript WHERE {span}", (source, upto))}
+                if len(present) != upto:
+                    missing = sorted(set(range(upto)) - present)
+                    raise StoreError(f"transcript {source} is missing entries {missing[:10]}: nothing copied")
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO transcript (conversation_id, seq, message, meta)"
+                    f" SELECT ?, seq, message, meta FROM transcript WHERE {span}",
+                    (target, source, upto),
+                )
+                (held,) = self._conn.execute(f"SELECT COUNT(*) FROM transcript WHERE {span}", (target, upto)).fetchone()
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return int(held)
+
+    def _conversations(self) -> list[tuple[str, float]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT conversation_id, CAST(strftime('%s', MAX(created_at)) AS REAL) FROM transcript"
+                " GROUP BY conversation_id ORDER BY conversation_id"
+            ).fetchall()
+        return [(r[0], float(r[1] if r[1] is not None else 0.0)) for r in rows]
+
     async def put_message(
         self, conversation_id: str, seq: int, message: Message, meta: dict[str, object] | None = None
     ) -> StoredMessage:
@@ -121,6 +177,18 @@ class SQLiteRunStore:
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
         return await asyncio.to_thread(self._list, conversation_id, upto)
+
+    async def transcript(self, conversation_id: str, limit: int = 100_000) -> list[StoredMessage]:
+        return await asyncio.to_thread(self._transcript, conversation_id, limit)
+
+    async def entries_after(self, conversation_id: str, after: int = -1, limit: int = 1000) -> list[StoredMessage]:
+        return await asyncio.to_thread(self._entries_after, conversation_id, after, limit)
+
+    async def copy_messages(self, source: str, target: str, upto: int) -> int:
+        return await asyncio.to_thread(self._copy, source, target, upto)
+
+    async def conversations(self) -> list[tuple[str, float]]:
+        return await asyncio.to_thread(self._conversations)
 
     # --- ledger ---------------------------------------------------------------------
 
@@ -296,6 +364,23 @@ class SQLiteRunStore:
             row = self._conn.execute("SELECT size, encoding, data FROM blobs WHERE digest = ?", (digest,)).fetchone()
         return decode_blob(digest, row[0], row[1], row[2]) if row else None
 
+    def _blob_digests(self, older_than: float) -> list[str]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT digest FROM blobs WHERE created_at < ? ORDER BY digest", (older_than,)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def _delete_blobs(self, digests: list[str]) -> int:
+        unique = sorted(set(digests))
+        deleted = 0
+        for start in range(0, len(unique), _DELETE_BATCH):
+            batch = unique[start : start + _DELETE_BATCH]
+            with self._lock:
+                cur = self._conn.execute(f"DELETE FROM blobs WHERE digest IN ({', '.join('?' * len(batch))})", batch)
+            deleted += cur.rowcount
+        return deleted
+
     async def put_blob(self, data: bytes) -> str:
         return await asyncio.to_thread(self._put_blob, data)
 
@@ -303,3 +388,9 @@ class SQLiteRunStore:
         if not is_blob_digest(digest):
             return None
         return await asyncio.to_thread(self._get_blob, digest)
+
+    async def blob_digests(self, older_than: float) -> list[str]:
+        return await asyncio.to_thread(self._blob_digests, older_than)
+
+    async def delete_blobs(self, digests: list[str]) -> int:
+        return await asyncio.to_thread(self._delete_blobs, digests)

@@ -8,6 +8,7 @@ the call: its result is returned and the tool does not run again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +18,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import observability as telemetry
+from activities.checkpoints.workspace import Workspace
 from activities.heartbeat import heartbeating
 from activities.redaction import redact
 from activities.runtime import Runtime
-from activities.sandbox.base import META_RUN, META_TENANT, SandboxError
+from activities.sandbox.base import META_RUN, META_TENANT, SandboxError, SandboxMissing
 from activities.tools.recovery import execute_once
 from activities.tools.spec import ToolContext, ToolError, ToolSpec
 from workflows.types import CompensationRequest, Message, ToolInvocation, ToolOutcome, TranscriptEntry
@@ -29,13 +31,15 @@ PREVIEW_CHARS = 1000
 log = structlog.get_logger("activities.tools")
 
 
-def outcome_of(message: Message) -> ToolOutcome:
+def outcome_of(message: Message, meta: dict[str, object] | None = None) -> ToolOutcome:
     size = len(message.content.encode())
+    checkpoint = (meta or {}).get("checkpoint", "")
     return ToolOutcome(
         ok=not message.is_error,
         preview=message.content[:PREVIEW_CHARS],
         size_bytes=size,
         truncated=len(message.content) > PREVIEW_CHARS,
+        checkpoint=checkpoint if isinstance(checkpoint, str) else "",
     )
 
 
@@ -73,21 +77,27 @@ async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> To
     store = runtime.store
     done = await store.get_message(inv.conversation_id, inv.seq)
     if done is not None:
+        # With the workspace checkpoint it left: a reset run that reuses it restores that workspace next.
         log.info("tool_result_reused", position=inv.seq)
-        return outcome_of(done.message)
+        return outcome_of(done.message, done.meta)
+    workspace = Workspace(runtime, inv) if spec.uses_sandbox and inv.checkpoints else None
+    execute = functools.partial(_execute, workspace=workspace)
     if inv.resolution in ("mark_done", "fail"):
         text, is_error = await _resolve_by_hand(spec, runtime, inv)
     elif spec.ledgered:
-        execution = await execute_once(spec, runtime, inv, _execute)
+        execution = await execute_once(spec, runtime, inv, execute)
         if execution.unknown:
             # No transcript entry yet: the human's resolution will produce it.
             return ToolOutcome(ok=False, preview=execution.text, size_bytes=0, unknown=True)
         text, is_error = execution.text, execution.is_error
     else:
-        text, is_error = await _execute(spec, runtime, inv)
+        text, is_error = await execute(spec, runtime, inv)
     result = Message(role="tool", content=text, tool_call_id=inv.call_id, name=spec.name, is_error=is_error)
-    stored = await store.put_message(inv.conversation_id, inv.seq, result)
-    return outcome_of(stored.message)
+    meta: dict[str, object] = {"run": activity.info().workflow_run_id}
+    if workspace is not None and workspace.checkpoint:
+        meta["checkpoint"] = workspace.checkpoint
+    stored = await store.put_message(inv.conversation_id, inv.seq, result, meta)
+    return outcome_of(stored.message, stored.meta)
 
 
 def _make_tool_activity(spec: ToolSpec, runtime: Runtime) -> Callable[[ToolInvocation], Any]:
@@ -118,30 +128,42 @@ def _tool_span_attributes(spec: ToolSpec, inv: ToolInvocation) -> dict[str, Any]
     return attributes
 
 
-async def _execute(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
+async def _execute(
+    spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, *, workspace: Workspace | None = None
+) -> tuple[str, bool]:
     """Run the tool, its text redacted of every configured secret before it is stored or returned."""
-    text, is_error = await _execute_raw(spec, runtime, inv)
+    text, is_error = await _execute_raw(spec, runtime, inv, workspace)
     return redact(text, runtime.settings.secret_values()), is_error
 
 
-async def _execute_raw(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:
+async def _execute_raw(
+    spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, workspace: Workspace | None
+) -> tuple[str, bool]:
     """Run the tool; failures the model can act on become error text, others propagate (retry)."""
+    ctx = ToolContext(invocation=inv, settings=runtime.settings)
     try:
         args = spec.args_model.model_validate(inv.arguments)
-        ctx = ToolContext(invocation=inv, settings=runtime.settings)
         note = ""
         if spec.uses_sandbox:
             if not inv.sandbox_id:
                 raise ToolError("no sandbox was created for this run")
-            # An expired or vanished sandbox is recreated once, and the model is told what was lost.
             connection = await runtime.sandbox_backend().connect_or_recreate(
                 inv.sandbox_id, metadata={META_RUN: inv.conversation_id, META_TENANT: inv.tenant}
             )
-            ctx.sandbox, note = connection.sandbox, connection.note()
+            ctx.sandbox = connection.sandbox
+            if workspace is not None:  # the workspace is made to match the run's last checkpoint first
+                note = await workspace.prepare(connection.sandbox, recreated=connection.recreated)
+            else:  # a call scheduled by workflow code without checkpoints: the model is told what was lost
+                note = connection.note()
         async with heartbeating(0 if spec.ledgered else spec.heartbeat_s):
             text = await spec.fn(args, ctx)
+        if workspace is not None:
+            text += await workspace.checkpoint_after(ctx.sandbox)
         return (f"{note}\n{text}" if note else text), False
     except (ToolError, SandboxError) as exc:
+        if workspace is not None and ctx.sandbox is not None and not isinstance(exc, SandboxMissing):
+            # A failed tool may still have changed files (a command that wrote, then failed).
+            await workspace.checkpoint_quietly(ctx.sandbox)
         return f"Error: {exc}", True
 
 
@@ -194,5 +216,6 @@ class TranscriptActivities:
     @activity.defn(name="transcript_append")
     async def transcript_append(self, conversation_id: str, entries: list[TranscriptEntry]) -> None:
         """Persist entries the workflow produced itself (errors, denials) when no model turn follows."""
+        run_id = activity.info().workflow_run_id
         for entry in entries:
-            await self._rt.store.put_message(conversation_id, entry.seq, entry.message)
+            await self._rt.store.put_message(conversation_id, entry.seq, entry.message, {"run": run_id})

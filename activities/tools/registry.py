@@ -33,6 +33,7 @@ RESERVED_NAMES = frozenset(
         "sandbox_kill",
         "mcp",
         "mcp_release",
+        "fork_prepare",
     }
 )
 RESERVED_PREFIX = MCP_PREFIX  # the tools of the operator's MCP servers

@@ -56,6 +56,7 @@ from durable_agents.cli.common import (
     check_text_arguments,
     interrupt_note,
 )
+from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.run import add_command as add_run_command
 from durable_agents.cli.run import cmd_run
 from durable_agents.cli.runs import (
@@ -85,6 +86,8 @@ COMMANDS: dict[str, Command] = {
     "cancel": cmd_cancel,
     "sandboxes": cmd_sandboxes,
     "list": cmd_list,
+    "fork": cmd_fork,
+    "rewind": cmd_rewind,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -110,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cancel_command(sub)
     add_sandboxes_command(sub)
     add_list_command(sub)
+    add_fork_command(sub)
+    add_rewind_command(sub)
     add_tools_command(sub)
     return parser
 

@@ -72,6 +72,7 @@ _STYLES: dict[str, str] = {
     "approval_decided": "yellow",
     "decision_refused": "bold red",
     "continued_as_new": "dim",
+    "rewound": "yellow",
     "finished": "bold green",
 }
 _KIND_WIDTH = max(len(kind) for kind in _STYLES)

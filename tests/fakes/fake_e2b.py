@@ -19,9 +19,14 @@ It raises the SDK's own exception types (``AuthenticationException`` for a wrong
 ``CommandExitException`` for a non-zero exit) and honours idempotency keys like
 the API: the same key returns the VM it first created.
 
-Nothing is executed. Commands get deterministic answers from a tiny interpreter
+A VM's filesystem is a real directory per fake VM (:class:`FakeDisk`: VM path ``/x`` is
+``<root>/x``), which ``vm.files`` also exposes as a mapping of absolute VM path → bytes of the
+regular files in it. Commands get deterministic answers from a tiny interpreter
 (``echo``, ``cat``, ``env``, ``pwd``, ``true``, ``false``, ``sleep``, ``sh -c 'exit N'``,
-the workspace preparation) or from ``cloud.responder`` when a test sets one.
+the workspace preparation) or from ``cloud.responder`` when a test sets one; a multi-statement
+script starting with ``set -e`` (what the checkpoint code sends) is run by a real ``bash`` on
+the host against the VM's directory, with ``/workspace``, ``/tmp`` and ``/home/user`` rewritten
+into it, so ``find``/``tar``/``sort``/``comm`` behave exactly as GNU's do in the VM.
 Time is the cloud's own clock: ``cloud.advance(s)`` expires VMs whose timeout ran out.
 Failures are injected with ``cloud.fail_next(method, exc)``; ``cloud.lose_response("create")``
 lets the VM be created but the caller see a transient error (a lost response).
@@ -30,10 +35,15 @@ lets the VM be created but the caller see a transient error (a lost response).
 from __future__ import annotations
 
 import asyncio
+import os
 import posixpath
 import re
 import shlex
-from collections.abc import Callable
+import shutil
+import subprocess
+import tempfile
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
@@ -56,6 +66,85 @@ class RecordedCommand:
     background: bool | None
 
 
+class FakeDisk(MutableMapping[str, bytes]):
+    """A VM's filesystem: a real directory (made on first use, removed with the VM object).
+
+    As a mapping: absolute VM path -> contents of the regular files (what ``files.write`` /
+    ``files.read`` see). ``host(path)`` is where VM path ``path`` lives on the host, for tests that
+    make what the files API cannot (modes, symlinks, FIFOs). A path resolving outside the VM's
+    directory (an outward symlink) is treated as absent: in a real VM it would resolve inside the VM.
+    """
+
+    def __init__(self) -> None:
+        self._root = ""
+
+    @property
+    def root(self) -> str:
+        if not self._root:
+            self._root = os.path.realpath(tempfile.mkdtemp(prefix="fake-e2b-vm-"))
+            weakref.finalize(self, shutil.rmtree, self._root, True)
+        return self._root
+
+    def host(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"not an absolute VM path: {path!r}")
+        return self.root + posixpath.normpath("/" + path.lstrip("/")).rstrip("/")
+
+    def _inside(self, host: str) -> bool:
+        real = os.path.realpath(host)
+        return real == self.root or real.startswith(self.root + "/")
+
+    def stat(self, path: str) -> tuple[os.stat_result, e2b.FileType, str | None] | None:
+        """(lstat, type, link text) of VM path ``path``, None when there is nothing there."""
+        host = self.host(path)
+        try:
+            st = os.lstat(host)
+        except OSError:
+            return None
+        if os.path.islink(host):
+            return st, e2b.FileType.SYMLINK, os.readlink(host)
+        return st, e2b.FileType.DIR if os.path.isdir(host) else e2b.FileType.FILE, None
+
+    def __getitem__(self, path: str) -> bytes:
+        host = self.host(path)
+        if not self._inside(host) or not os.path.isfile(host):
+            raise KeyError(path)
+        with open(host, "rb") as f:
+            return f.read()
+
+    def __setitem__(self, path: str, data: bytes) -> None:
+        host = self.host(path)
+        os.makedirs(os.path.dirname(host), exist_ok=True)
+        if not self._inside(host):
+            raise PermissionError(path)
+        with open(host, "wb") as f:
+            f.write(data)
+
+    def __delitem__(self, path: str) -> None:
+        host = self.host(path)
+        if not os.path.isfile(host) or os.path.islink(host):
+            raise KeyError(path)
+        os.unlink(host)
+
+    def __contains__(self, path: object) -> bool:
+        if not isinstance(path, str) or not path.startswith("/"):
+            return False
+        host = self.host(path)
+        return self._inside(host) and os.path.isfile(host)
+
+    def __iter__(self) -> Iterator[str]:
+        if not self._root:
+            return
+        for top, _dirs, names in os.walk(self._root):
+            for name in names:
+                full = os.path.join(top, name)
+                if os.path.isfile(full) and not os.path.islink(full):
+                    yield full[len(self._root) :]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class FakeVM:
     sandbox_id: str
@@ -66,7 +155,7 @@ class FakeVM:
     started_at: datetime
     end_at: datetime
     state: str = "running"  # running | killed | expired
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: FakeDisk = field(default_factory=FakeDisk)
     commands: list[RecordedCommand] = field(default_factory=list)
 
     @property
@@ -294,7 +383,61 @@ class FakeFiles:
         if path not in vm.files:
             raise e2b.FileNotFoundException(f"file not found: {path}")
         data = vm.files[path]
+        if format == "stream":  # Filesystem.read(format="stream") -> AsyncFileStreamReader (envd GET /files)
+            return FakeFileStream(data)  # type: ignore[return-value]
         return bytearray(data) if format == "bytes" else data.decode()
+
+    async def get_info(self, path: str, user: str | None = None, **kwargs: Any) -> e2b.EntryInfo:
+        """Filesystem.get_info (envd ``filesystem.Stat``, which does not follow a final symlink)."""
+        self._cloud.enter("get_info", {"path": path, "api_key": self._cloud.api_key})
+        vm = self._cloud.vm(self._vm.sandbox_id)
+        found = vm.files.stat(path)
+        if found is None:
+            raise e2b.FileNotFoundException(f"file not found: {path}")
+        st, kind, target = found
+        return e2b.EntryInfo(
+            name=posixpath.basename(path),
+            type=kind,
+            path=path,
+            size=st.st_size,
+            mode=st.st_mode,
+            permissions="",
+            owner="user",
+            group="user",
+            modified_time=datetime.fromtimestamp(st.st_mtime, tz=UTC),
+            symlink_target=target,
+        )
+
+
+class FakeFileStream:
+    """Imitates ``e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader``: an async iterator of byte chunks."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._offset = 0
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.closed or self._offset >= len(self._data):
+            raise StopAsyncIteration
+        chunk = self._data[self._offset : self._offset + self.CHUNK]
+        self._offset += len(chunk)
+        await asyncio.sleep(0)
+        return chunk
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def __aenter__(self) -> FakeFileStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class FakeCommandHandle:
@@ -329,9 +472,9 @@ class FakeCommandHandle:
             code = 137
         if not self._vm.alive:
             raise e2b.SandboxNotRunningException(f"The sandbox {self._vm.sandbox_id} was not found")
-        if code != 0:
-            raise e2b.CommandExitException(stdout=None, stderr=None, exit_code=code, error=None)
-        return E2BCommandResult(stdout=None, stderr=None, exit_code=0, error=None)
+        if code != 0:  # like the SDK's: the (retained) output travels with the exception / the result
+            raise e2b.CommandExitException(stdout=out, stderr=err, exit_code=code, error=None)
+        return E2BCommandResult(stdout=out, stderr=err, exit_code=0, error=None)
 
     async def kill(self) -> bool:
         self.killed = True
@@ -369,6 +512,8 @@ class FakeCommands:
         return await handle.wait()
 
     def _interpret(self, vm: FakeVM, cmd: str, envs: dict[str, str], cwd: str) -> tuple[int, str, str]:
+        if cmd.startswith("set -e"):
+            return self._script(vm, cmd, envs)
         stdin = b""
         if " < " in cmd:  # `<argv> < /tmp/file; rc=$?; rm -f /tmp/file; exit $rc` (how the backend feeds stdin)
             cmd, rest = cmd.split(" < ", 1)
@@ -383,9 +528,34 @@ class FakeCommands:
             answer = self._cloud.responder(vm, argv, cwd, stdin)
             if answer is not None:
                 return answer
-        if cmd.startswith("mkdir -p /workspace"):
+        if cmd.startswith("mkdir -p /workspace"):  # the backend's workspace preparation, done for real
+            os.makedirs(vm.files.host("/workspace"), exist_ok=True)
+            os.chmod(vm.files.host("/workspace"), 0o777)
             return 0, "", ""
         return self._builtin(vm, argv, envs, cwd, stdin, wall)
+
+    SCRIPT_ROOTS = re.compile(r"(?<![\w/.-])(/workspace|/tmp|/home/user)(?=[/'\"\s;]|$)")
+
+    def _script(self, vm: FakeVM, cmd: str, envs: dict[str, str]) -> tuple[int, str, str]:
+        """envd's ``process.Start`` runs ``/bin/bash -l -c cmd``: here a real bash on the host, against
+        the VM's directory (the VM paths the script names are rewritten into it), with an empty
+        environment but ``PATH`` and ``HOME``, like the VM's."""
+        root = vm.files.root
+        for top in ("/workspace", "/tmp", "/home/user"):
+            os.makedirs(vm.files.host(top), exist_ok=True)
+        script = self.SCRIPT_ROOTS.sub(lambda m: root + m.group(1), cmd)
+        home = vm.files.host("/home/user")
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=home,
+            env={**BASE_ENV, "HOME": home, **envs},
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        out = done.stdout.decode("utf-8", errors="replace").replace(root, "")
+        err = done.stderr.decode("utf-8", errors="replace").replace(root, "")
+        return done.returncode, out, err
 
     def _builtin(
         self, vm: FakeVM, argv: list[str], envs: dict[str, str], cwd: str, stdin: bytes, wall: float | None
