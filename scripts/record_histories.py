@@ -15,6 +15,7 @@ import json
 import sys
 import tempfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.scenarios import SCENARIOS, Handle, Scenario, pending_view
+from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
@@ -129,6 +130,8 @@ async def record(names: list[str]) -> None:
                     store_url=f"{tmp}/store.sqlite3",
                     state_dir=Path(tmp),
                 )
+                if name in SETTINGS:
+                    settings = replace(settings, **SETTINGS[name](Path(tmp)))
                 runtime = Runtime.from_settings(settings)
                 tq = f"record-{uuid.uuid4().hex[:8]}"
                 async with build_worker(env.client, runtime, task_queue=tq):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
@@ -19,10 +22,13 @@ from temporalio.client import Client, WorkflowHandle
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, ApproveSignal, Limits, RejectSignal, StatusView
+from workflows.types import AgentInput, AgentResult, ApproveSignal, ForkSpec, Limits, RejectSignal, StatusView
 
 Handle = WorkflowHandle[AgentWorkflow, AgentResult]
 Scenario = Callable[[Client, str, FakeLLMServer, HttpSink, str], Awaitable[Handle]]
+# Settings a scenario's runtime needs beyond the defaults: ``dataclasses.replace`` changes, given a
+# temporary directory that lives as long as the scenario's worker.
+SettingsChanges = Callable[[Path], dict[str, Any]]
 
 
 async def _start(client: Client, task_queue: str, workflow_id: str, **fields: Any) -> Handle:
@@ -90,8 +96,61 @@ async def limit_exceeded(client: Client, tq: str, llm: FakeLLMServer, sink: Http
     return handle
 
 
+def _tool_results(body: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in body.get("messages", []) if m.get("role") == "tool"]
+
+
+async def fork(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """A source run writes a.txt = v1 (step 1) and reads it (step 2); a fork at step 1 with a new task
+    (``fork_prepare``, then a restored workspace) reads it and answers. The fork is the recorded run."""
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        messages = body.get("messages", [])
+        done = _tool_results(body)
+        if any(m.get("role") == "user" and m.get("content") == "check the file" for m in messages):
+            if messages[-1].get("role") == "user":
+                return Scripted(tool_calls=[("run_shell", json.dumps({"command": "cat a.txt"}))])
+            return Scripted(text=f"the file says: {done[-1]}")
+        if not done:
+            return Scripted(tool_calls=[("write_file", json.dumps({"path": "a.txt", "content": "v1"}))])
+        if len(done) == 1:
+            return Scripted(tool_calls=[("run_shell", json.dumps({"command": "cat a.txt"}))])
+        return Scripted(text=f"done: {done[-1]}")
+
+    llm.default = reply
+    source = await _start(client, tq, f"{wid}-source", task="write and read")
+    await source.result()
+    handle = await _start(client, tq, wid, task="check the file", fork=ForkSpec(workflow_id=source.id, step=1))
+    await handle.result()
+    return handle
+
+
+def mcp_time_settings(tmp: Path) -> dict[str, Any]:
+    """The time server (``mcp-server-time`` from PyPI, next to this interpreter) as ``AGENT_MCP_CONFIG``."""
+    config = tmp / "mcp.json"
+    server = str(Path(sys.executable).parent / "mcp-server-time")
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": server}}}))
+    return {"mcp_config": str(config), "environ": {"PATH": os.environ.get("PATH", "")}}
+
+
+async def mcp_tools(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """A read-only MCP tool (``mcp`` activity), then a sandbox tool, then an answer."""
+    llm.enqueue(
+        Scripted(tool_calls=[("mcp__time__get_current_time", json.dumps({"timezone": "UTC"}))]),
+        Scripted(tool_calls=[("write_file", json.dumps({"path": "time.txt", "content": "noted"}))]),
+        Scripted(text="noted the time"),
+    )
+    handle = await _start(client, tq, wid, task="note the time", tools=["mcp__time__*", "write_file"])
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools_and_errors": tools_and_errors,
     "approvals": approvals,
     "limit_exceeded": limit_exceeded,
+    "fork": fork,
+    "mcp_tools": mcp_tools,
 }
+
+SETTINGS: dict[str, SettingsChanges] = {"mcp_tools": mcp_time_settings}

@@ -31,7 +31,13 @@ def load(path: Path) -> WorkflowHistory:
 
 
 def test_there_are_recorded_histories() -> None:
-    assert {p.stem for p in HISTORIES} >= {"tools_and_errors", "approvals", "limit_exceeded"}
+    assert {p.stem for p in HISTORIES} >= {
+        "tools_and_errors",
+        "approvals",
+        "limit_exceeded",
+        "fork",
+        "mcp_tools",
+    }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
