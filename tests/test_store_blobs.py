@@ -6,8 +6,6 @@ import hashlib
 import os
 import sqlite3
 import zlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,19 +13,7 @@ import pytest
 from activities.store import RunStore, StoreError, open_store
 from activities.store.base import MAX_BLOB_BYTES
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "store.sqlite3")
-    return str(request.getfixturevalue("postgres_db_url"))
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[RunStore]:
-    s = open_store(store_url)
-    yield s
-    await s.close()
+# ``store_url`` and ``store`` (SQLite and PostgreSQL) come from tests/pg.py.
 
 
 def sha256(data: bytes) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,19 +13,7 @@ from activities.store.postgres import _MIGRATIONS, PostgresRunStore
 from tests.test_store_blobs import query
 from workflows.types import Message, RecordedToolCall
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "store.sqlite3")
-    return str(request.getfixturevalue("postgres_db_url"))
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[RunStore]:
-    s = open_store(store_url)
-    yield s
-    await s.close()
+# ``store_url`` and ``store`` (SQLite and PostgreSQL) come from tests/pg.py.
 
 
 def msg(text: str, role: str = "tool") -> Message:
