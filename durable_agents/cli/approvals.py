@@ -6,8 +6,11 @@ a decision took effect (refusals come back with the run's reason). With
 (``workflows.identity.decision_signature``) for workers that require signed ones.
 
 ``pending`` without a run id finds the waiting runs by the ``AgentPendingApprovals``
-search attribute, so it sees every one of them however many runs are running;
-on a namespace without the attribute it asks every running run instead.
+search attribute, so it sees every one of them however many runs are running:
+one visibility listing (a page holds ``VISIBILITY_PAGE`` runs), then one status
+query for each of the first ``--limit`` hits, ``QUERY_CONCURRENCY`` at a time and
+each with a short deadline, so a run no worker answers for costs seconds, not
+the command. On a namespace without the attribute it asks every running run instead.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import ApplicationError
@@ -38,6 +42,7 @@ from activities.settings import Settings
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUICK_QUERY_TIMEOUT,
+    VISIBILITY_PAGE,
     CliError,
     NoAnswer,
     ask_status,
@@ -45,10 +50,12 @@ from durable_agents.cli.common import (
     describe_run,
     ended_state,
     interrupt_note,
+    list_runs,
     no_answer_reason,
     no_worker_line,
     on_interrupt,
     poller_count,
+    positive_int,
     start_worker_hint,
 )
 from workflows.agent import AgentWorkflow
@@ -62,6 +69,7 @@ RUNNING_AGENTS = "WorkflowType = 'AgentWorkflow' AND ExecutionStatus = 'Running'
 WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
 DECIDE_TIMEOUT = timedelta(seconds=30)
 QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
+PENDING_LIMIT = 100  # waiting runs `pending` shows by default (it says how many more wait)
 ARGS_WIDTH = 120
 # DecideRequest fields → the arguments that set them
 _DECISION_FIELDS = {
@@ -102,6 +110,12 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
 
     pending = sub.add_parser("pending", help="approvals a run (or every running run) waits for")
     pending.add_argument("workflow_id", nargs="?")
+    pending.add_argument(
+        "--limit",
+        type=positive_int,
+        default=PENDING_LIMIT,
+        help=f"without a run id: show at most this many waiting runs (default: {PENDING_LIMIT}); says how many more",
+    )
     pending.add_argument("--json", action="store_true")
 
 
@@ -263,19 +277,24 @@ async def _view_or_none(client: Client, workflow_id: str) -> StatusView | None:
         return None
 
 
-async def waiting_runs(client: Client) -> tuple[list[WorkflowExecution], bool]:
-    """Every run that may wait for a decision, all pages of the listing; and whether the attribute said so.
+async def waiting_runs(client: Client, limit: int) -> tuple[list[WorkflowExecution], int, bool]:
+    """The first ``limit`` runs that may wait for a decision, how many there are in all, and whether
+    the attribute said so.
 
-    By the ``AgentPendingApprovals`` search attribute the workflow keeps current; on a
-    namespace that does not know the attribute (the server rejects the query), every
-    running ``AgentWorkflow`` (their status queries then tell which ones wait).
+    By the ``AgentPendingApprovals`` search attribute the workflow keeps current: one
+    listing call (per ``VISIBILITY_PAGE`` waiting runs). On a namespace that does not
+    know the attribute (the server rejects the query), every running ``AgentWorkflow``,
+    all pages (their status queries then tell which ones wait).
     """
     try:
-        return await _workflows(client, WAITING_AGENTS), True
+        runs, total = await list_runs(client, WAITING_AGENTS, limit, page_size=VISIBILITY_PAGE)
     except RPCError as err:
         if err.status != RPCStatusCode.INVALID_ARGUMENT:
             raise
-    return await _workflows(client, RUNNING_AGENTS), False
+    else:
+        return runs, len(runs) if total is None else total, True
+    everyone = await _workflows(client, RUNNING_AGENTS)
+    return everyone, len(everyone), False
 
 
 async def _workflows(client: Client, query: str) -> list[WorkflowExecution]:
@@ -285,36 +304,91 @@ async def _workflows(client: Client, query: str) -> list[WorkflowExecution]:
     return list(found.values())
 
 
+async def listed_view(client: Client, wf: WorkflowExecution) -> StatusView | None:
+    """A listed run's status query answer: one query RPC, under ``QUICK_QUERY_TIMEOUT``.
+
+    No answer is a warning on stderr naming the run and why (from what the server
+    knows without a worker), and None: one stuck run costs seconds, not the command.
+    """
+    handle = client.get_workflow_handle(wf.id)
+    try:
+        async with asyncio.timeout(QUICK_QUERY_TIMEOUT.total_seconds() + 1):  # in case the RPC overstays
+            view = await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
+        return StatusView.model_validate(view)
+    except WorkflowQueryFailedError as err:
+        reason = f"its worker could not answer: {err}"
+    except (RPCError, RPCTimeoutOrCancelledError, TimeoutError):
+        reason = await _why_no_answer(client, wf.id)
+    pending = wf.typed_search_attributes.get(PENDING_APPROVALS)
+    recorded = f"; it last recorded {pending} pending approval(s)" if pending is not None else ""
+    print(f"warning: run {wf.id} is running but {reason}{recorded}", file=sys.stderr)
+    return None
+
+
+async def _why_no_answer(client: Client, workflow_id: str) -> str:
+    try:
+        _, desc = await describe_run(client, workflow_id)
+        return await no_answer_reason(client, desc, waited=QUICK_QUERY_TIMEOUT)
+    except (CliError, RPCError, RPCTimeoutOrCancelledError):
+        return f"no worker answered within {QUICK_QUERY_TIMEOUT.seconds} s"
+
+
 # --- commands ------------------------------------------------------------------------
 
 
 async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    more, unanswered = 0, 0
     if args.workflow_id:
         state, view = await running_view(client, args.workflow_id)
         views = [(args.workflow_id, view)]
     else:
-        views = await _waiting_views(client)
+        views, more = await _waiting_views(client, args.limit, quiet_fallback=args.json)
+        unanswered = sum(1 for _, view in views if view is None)
     rows = [_row(wid, approval) for wid, view in views if view for approval in view.pending_approvals]
     # A sub-agent's approval is listed by its own run and by every ancestor: once, where it was first seen.
     rows = list({(r["workflow_id"], r["approval_id"]): r for r in reversed(rows)}.values())[::-1]
+    more_line = (
+        f"... and {more} more run(s) waiting for approvals (--limit {args.limit + more} shows them all)" if more else ""
+    )
     if args.json:
         print(json.dumps(rows, indent=2))
-    elif rows:
-        for row in rows:
-            print(_line(row))
-    elif args.workflow_id:
+        if more_line:
+            print(more_line, file=sys.stderr)  # stdout stays JSON
+        return 0
+    for row in rows:
+        print(_line(row))
+    if more_line:
+        print(more_line)
+    if rows or more_line:
+        return 0
+    if args.workflow_id:
         print(f"run {args.workflow_id} has no pending approvals ({state})")
+    elif unanswered:
+        print(f"no run that answered waits for an approval; {unanswered} run(s) did not answer (see above)")
     else:
         print("no running run waits for an approval")
     return 0
 
 
-async def _waiting_views(client: Client) -> list[tuple[str, StatusView | None]]:
-    """The status of every run that may wait; runs on a task queue no worker polls are not asked, but counted."""
-    runs, by_attribute = await waiting_runs(client)
+async def _waiting_views(
+    client: Client, limit: int, *, quiet_fallback: bool = False
+) -> tuple[list[tuple[str, StatusView | None]], int]:
+    """The status of the first ``limit`` runs that wait, and how many more wait.
+
+    Runs on a task queue no worker polls are not asked, but counted. Without the
+    search attribute every running run is asked (today's only way to tell) and
+    the first ``limit`` that wait are kept.
+    """
+    runs, total, by_attribute = await waiting_runs(client, limit)
+    if not by_attribute and not quiet_fallback:
+        print(
+            f"note: the namespace has no {PENDING_APPROVALS.name} search attribute, so every running run "
+            f"({len(runs)}) is asked (register the Agent* attributes: see README)",
+            file=sys.stderr,
+        )
     queues = sorted({wf.task_queue for wf in runs})
     pollers = dict(zip(queues, await asyncio.gather(*(poller_count(client, q) for q in queues)), strict=True))
-    asked = [wf.id for wf in runs if pollers[wf.task_queue] != 0]
+    asked = [wf for wf in runs if pollers[wf.task_queue] != 0]
     for queue in queues:
         if pollers[queue] == 0:
             count = sum(1 for wf in runs if wf.task_queue == queue)
@@ -324,8 +398,15 @@ async def _waiting_views(client: Client) -> list[tuple[str, StatusView | None]]:
                 f"to show them ({start_worker_hint(queue)})",
                 file=sys.stderr,
             )
-    found = await bounded((_view_or_none(client, wid) for wid in asked), QUERY_CONCURRENCY)
-    return list(zip(asked, found, strict=True))
+    found = await bounded((listed_view(client, wf) for wf in asked), QUERY_CONCURRENCY)
+    views = [(wf.id, view) for wf, view in zip(asked, found, strict=True)]
+    if by_attribute:
+        return views, total - len(runs)
+    waiting: list[tuple[str, StatusView | None]] = [
+        (wid, view) for wid, view in views if view and view.pending_approvals
+    ]
+    unanswered = [(wid, view) for wid, view in views if view is None]
+    return waiting[:limit] + unanswered, max(len(waiting) - limit, 0)
 
 
 async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:

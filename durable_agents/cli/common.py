@@ -22,6 +22,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
+    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
@@ -46,6 +47,7 @@ QUERY_TIMEOUT = timedelta(seconds=10)  # a status query while following a run (a
 QUICK_QUERY_TIMEOUT = timedelta(seconds=2)  # status / pending: answer within seconds, worker or not
 PROBE_TIMEOUT = timedelta(seconds=3)  # a closed run's progress: a worker replays its history first
 RPC_TIMEOUT = timedelta(seconds=5)  # server-only reads (describe a task queue, a closed run's result)
+VISIBILITY_PAGE = 1000  # runs per ListWorkflowExecutions page (the SDK's default page size)
 NO_WORKER_AFTER_S = 10.0  # a run that waits this long on a queue nobody polls is said so, once
 T = TypeVar("T")
 # A command: the connected client, its parsed arguments and the process's settings → the exit code.
@@ -150,6 +152,47 @@ def check_text_arguments(args: argparse.Namespace) -> None:
             if isinstance(text, str) and (where := not_utf8(text)):
                 label = _LABELS.get(key, f"--{key.replace('_', '-')}")
                 raise CliError(f"{label} is not valid UTF-8 text ({where})", code=EXIT_USAGE)
+
+
+# --- listing runs through the visibility API ------------------------------------------
+
+
+def query_literal(value: str) -> str:
+    """``value`` as a quoted string literal of a visibility query: a quote or backslash in it stays text.
+
+    Inside a single-quoted string the server's query parser reads a backslash
+    followed by a quote as a quote, and two backslashes as one, so user input (a
+    tenant name) cannot end the literal and add clauses of its own.
+    """
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+async def list_runs(
+    client: Client, query: str, limit: int, *, page_size: int = VISIBILITY_PAGE
+) -> tuple[list[WorkflowExecution], int | None]:
+    """Up to ``limit`` runs matching ``query`` (in the server's order: open runs, then the latest closed),
+    and how many match in all (None: unknown).
+
+    Pages of ``page_size`` are read until ``limit`` runs are in hand. When the last
+    page read was the listing's last, the total is known without another call;
+    else one ``CountWorkflowExecutions`` says it. An ``RPCError`` of the listing
+    (e.g. ``INVALID_ARGUMENT``: a search attribute the namespace does not know) is raised.
+    """
+    pages = client.list_workflows(query, page_size=page_size, rpc_timeout=RPC_TIMEOUT)
+    found: dict[str, WorkflowExecution] = {}
+    while True:
+        await pages.fetch_next_page()
+        for wf in pages.current_page or ():
+            found.setdefault(wf.id, wf)
+        if not pages.next_page_token:
+            return list(found.values())[:limit], len(found)
+        if len(found) >= limit:
+            break
+    try:
+        total: int | None = max((await client.count_workflows(query, rpc_timeout=RPC_TIMEOUT)).count, len(found))
+    except (RPCError, RPCTimeoutOrCancelledError):
+        total = None
+    return list(found.values())[:limit], total
 
 
 # --- reading a run without waiting in silence -------------------------------------------

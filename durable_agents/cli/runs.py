@@ -11,7 +11,8 @@ answered.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, get_args
 
 from temporalio.client import (
     Client,
@@ -22,25 +23,33 @@ from temporalio.client import (
     WorkflowFailureError,
 )
 from temporalio.exceptions import TemporalError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
 from durable_agents.cli.approvals import QUERY_CONCURRENCY, approval_summary
 from durable_agents.cli.common import (
+    EXIT_USAGE,
     RPC_TIMEOUT,
+    VISIBILITY_PAGE,
     CliError,
     NoAnswer,
     ask_status,
     bounded,
     describe_run,
     ended_state,
+    list_runs,
     positive_int,
     print_json,
+    query_literal,
     recorded_state,
     temporal_state,
 )
-from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS
-from workflows.types import AgentResult, PendingApproval
+from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
+from workflows.types import AgentResult, PendingApproval, RunState
+
+LIST_LIMIT = 50  # runs `list` shows by default (it says how many more there are)
+RUN_STATES: tuple[str, ...] = get_args(RunState)
+OPEN_STATES = ("running", "waiting_approval")  # recorded by runs that still run
 
 
 def add_status_command(sub: argparse._SubParsersAction[Any]) -> None:
@@ -55,9 +64,41 @@ def add_cancel_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def add_list_command(sub: argparse._SubParsersAction[Any]) -> None:
-    listing = sub.add_parser("list", help="recent runs")
-    listing.add_argument("--limit", type=positive_int, default=20)
+    listing = sub.add_parser(
+        "list", help="recent runs: open ones, then the latest closed (filters need the Agent* search attributes)"
+    )
+    listing.add_argument("--state", choices=RUN_STATES, help="only runs in this agent state")
+    listing.add_argument("--tenant", type=_tenant, help="only runs of this tenant (run --tenant)")
+    listing.add_argument(
+        "--limit",
+        type=positive_int,
+        default=LIST_LIMIT,
+        help=f"show at most this many runs (default: {LIST_LIMIT}); says how many more there are",
+    )
     listing.add_argument("--json", action="store_true")
+
+
+def _tenant(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a tenant name")
+    return text
+
+
+def list_query(state: str | None, tenant: str | None) -> str:
+    """The visibility query of ``list``: agent runs (not the closed runs a continue-as-new left), filtered.
+
+    Filter values are quoted with :func:`query_literal`: a tenant is user input.
+    A ``running`` or ``waiting_approval`` run is one that still runs (a run that was
+    terminated keeps the state it last recorded).
+    """
+    clauses = ["WorkflowType = 'AgentWorkflow'", "ExecutionStatus != 'ContinuedAsNew'"]
+    if state:
+        clauses.append(f"{STATE.name} = {query_literal(state)}")
+        if state in OPEN_STATES:
+            clauses.append("ExecutionStatus = 'Running'")
+    if tenant:
+        clauses.append(f"{TENANT.name} = {query_literal(tenant)}")
+    return " AND ".join(clauses)
 
 
 async def cmd_status(client: Client, args: argparse.Namespace, settings: Settings) -> int:
@@ -148,7 +189,17 @@ async def cmd_cancel(client: Client, args: argparse.Namespace, settings: Setting
 
 
 async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    executions = [wf async for wf in client.list_workflows("WorkflowType = 'AgentWorkflow'", limit=args.limit)]
+    query = list_query(args.state, args.tenant)
+    try:
+        executions, total = await list_runs(client, query, args.limit, page_size=min(args.limit, VISIBILITY_PAGE))
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT or not (args.state or args.tenant):
+            raise
+        raise CliError(
+            f"this namespace cannot filter by --state/--tenant ({err.message}); register the Agent* search "
+            "attributes (see README)",
+            code=EXIT_USAGE,
+        ) from None
     states = await bounded((_agent_state(client, wf) for wf in executions), QUERY_CONCURRENCY)
     rows = [
         {
@@ -156,18 +207,32 @@ async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings)
             "run_id": wf.run_id,
             "status": state,
             "execution_status": temporal_state(wf.status),
+            "tenant": wf.typed_search_attributes.get(TENANT) or "",
             "started": wf.start_time.isoformat(timespec="seconds"),
         }
         for wf, state in zip(executions, states, strict=True)
     ]
+    more = _more_line(len(rows), total)
     if args.json:
         print_json(rows)
-    elif not rows:
-        print("no runs yet")
-    else:
-        for row in rows:
-            print(f"{row['started']}  {row['status']:<18} {row['workflow_id']}")
+        if more:
+            print(more, file=sys.stderr)  # stdout stays JSON
+        return 0
+    if not rows:
+        print("no matching runs" if args.state or args.tenant else "no runs yet")
+    for row in rows:
+        print(f"{row['started']}  {row['status']:<18} {row['workflow_id']}")
+    if more:
+        print(more)
     return 0
+
+
+def _more_line(shown: int, total: int | None) -> str:
+    if total is None:
+        return f"... {shown} shown; more runs match (--limit shows more)"
+    if total > shown:
+        return f"... {shown} of {total} shown; {total - shown} more (--limit {total} shows them all)"
+    return ""
 
 
 async def _agent_state(client: Client, wf: WorkflowExecution) -> str:
