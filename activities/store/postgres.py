@@ -9,12 +9,19 @@ Messages and meta are JSON in ``text`` columns rather than ``jsonb``: ``jsonb``
 rejects ``\\u0000``, which a tool's output may well contain. Raw text columns
 (ledger ``result``/``note``) cannot hold NUL at all, so NUL is stored as U+FFFD.
 Blobs are ``bytea``, which holds any bytes.
+
+Outages: a connection-level failure (the server stopped or restarting, a connection refused or
+lost, no pooled connection within ``_ACQUIRE_TIMEOUT_S``) raises ``StoreUnavailable``; any other
+server error is a plain ``StoreError``. The pool reconnects in the background; its own per-attempt
+log lines (``psycopg.pool`` warnings) are silenced, since the store's ``OutageMonitor`` logs one
+``store_unavailable`` warning per outage and one ``store_recovered`` when a call succeeds again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,8 +33,16 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 import activities.store.budget as budget
-from activities.store.base import StoredMessage, StoreError, decode_blob, encode_blob, is_blob_digest
+from activities.store.base import (
+    StoredMessage,
+    StoreError,
+    StoreUnavailable,
+    decode_blob,
+    encode_blob,
+    is_blob_digest,
+)
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
+from activities.store.outage import OutageMonitor
 from workflows.types import Message
 
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -94,6 +109,19 @@ _LEDGER_COLUMNS = (
     "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
 )
 _CONNECT_TIMEOUT_S = 10
+# How long a call waits for a pooled connection before it fails with StoreUnavailable (and its activity
+# attempt is retried by Temporal): below the tool heartbeat timeouts (15 s for http_request), so a wait
+# during an outage never looks like a dead worker.
+_ACQUIRE_TIMEOUT_S = 8.0
+# The pool's background reconnection of one connection backs off (1, 2, 4, ... s) until this, then gives
+# up and starts over on the next request: a short limit keeps the retries frequent, so the pool has a
+# connection again within a few seconds of the server coming back.
+_RECONNECT_TIMEOUT_S = 6.0
+# SQLSTATEs of connection-level failures: class 08 (connection exception), the server shutting down or
+# starting (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now), too many connections.
+_UNAVAILABLE_STATES = ("08", "57P01", "57P02", "57P03", "53300")
+# Errors of connecting (no SQLSTATE) that no waiting cures: a wrong password, database or host rule.
+_NOT_AN_OUTAGE = ("authentication failed", "does not exist", "no pg_hba.conf entry", "invalid")
 _DELETE_BATCH = 1000  # digests per DELETE: one short statement each, not one long lock on many rows
 
 
@@ -113,6 +141,31 @@ def redact_url(url: str) -> str:
         return "<unparseable PostgreSQL URL>"
 
 
+def _quiet_pool_logger() -> None:
+    """Silence psycopg_pool's per-attempt warnings (one per reconnection try, ~45 per 20 s outage).
+
+    Its logger never logs above WARNING; an operator who configured a level for it keeps theirs.
+    """
+    pool_logger = logging.getLogger("psycopg.pool")
+    if pool_logger.level == logging.NOTSET:
+        pool_logger.setLevel(logging.ERROR)
+
+
+def is_unavailable(exc: BaseException, conn: Connection | None = None) -> bool:
+    """Whether ``exc`` is a connection-level failure (retrying later can help), not a logic error."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = exc.sqlstate
+    if state is None:  # a client-side failure: refused, reset, closed, timed out, ...
+        text = str(exc).lower()
+        return not any(marker in text for marker in _NOT_AN_OUTAGE)
+    return state.startswith(_UNAVAILABLE_STATES)
+
+
 def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd")
 
@@ -129,10 +182,17 @@ class PostgresRunStore:
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
+        self._monitor = OutageMonitor(self._shown)
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
         text = f"{what} (PostgreSQL run store {self._shown}): {exc}"
         return StoreError(text.replace(self._secret, "***") if self._secret else text)
+
+    def _unavailable(self, what: str, exc: BaseException, began: float | None = None) -> StoreUnavailable:
+        text = f"{what} (PostgreSQL run store {self._shown}): {exc or type(exc).__name__}"
+        error = StoreUnavailable(text.replace(self._secret, "***") if self._secret else text)
+        self._monitor.failed(error, began)
+        return error
 
     async def _ready(self) -> AsyncConnectionPool[Connection]:
         if self._pool is not None:
@@ -147,7 +207,10 @@ class PostgresRunStore:
                     ) as conn:
                         await self._migrate(conn)
                 except psycopg.Error as exc:
+                    if is_unavailable(exc):
+                        raise self._unavailable("cannot open the run store", exc) from None
                     raise self._error("cannot open the run store", exc) from None
+                _quiet_pool_logger()
                 pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
                     self._url,
                     min_size=self._sizes[0],
@@ -156,12 +219,14 @@ class PostgresRunStore:
                     check=AsyncConnectionPool.check_connection,
                     open=False,
                     name="run-store",
+                    timeout=_ACQUIRE_TIMEOUT_S,
+                    reconnect_timeout=_RECONNECT_TIMEOUT_S,
                 )
                 try:
                     await pool.open(wait=True, timeout=_CONNECT_TIMEOUT_S)
                 except PoolTimeout as exc:
                     await pool.close()
-                    raise self._error("cannot open the connection pool", exc) from None
+                    raise self._unavailable("cannot open the connection pool", exc) from None
                 self._pool = pool
         return self._pool
 
@@ -183,12 +248,25 @@ class PostgresRunStore:
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Connection]:
+        """A pooled connection; every call goes through here, so this is where outages are told apart.
+
+        ``StoreUnavailable`` for a connection-level failure (counted by the outage monitor), ``StoreError``
+        for any other operational error (a deadlock, a cancelled statement); a call that gets through
+        ends an outage.
+        """
+        began = time.monotonic()
         pool = await self._ready()
+        conn: Connection | None = None
         try:
             async with pool.connection() as conn:
                 yield conn
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise self._error("run store unavailable", exc) from None
+        except PoolTimeout as exc:
+            raise self._unavailable("no connection to the run store", exc, began) from None
+        except psycopg.OperationalError as exc:
+            if is_unavailable(exc, conn):
+                raise self._unavailable("run store unavailable", exc, began) from None
+            raise self._error("run store error", exc) from None
+        self._monitor.succeeded()
 
     # --- transcript -----------------------------------------------------------------
 
@@ -338,11 +416,12 @@ class PostgresRunStore:
         assert row is not None
         return Claim(status=status, entry=self._entry(row))
 
-    async def started(self, key: str, owner: str) -> None:
+    async def started(self, key: str, owner: str) -> bool:
         async with self._conn() as conn:
-            await conn.execute(
+            cur = await conn.execute(
                 "UPDATE ledger SET executions = executions + 1 WHERE key = %s AND owner = %s", (key, owner)
             )
+        return cur.rowcount == 1
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:
         async with self._conn() as conn:

@@ -2,6 +2,10 @@
 
 Good for one machine with any number of worker processes (WAL mode, busy
 timeout); use PostgreSQL when workers span machines.
+
+A database locked (or busy) past ``BUSY_TIMEOUT_S`` by another connection raises
+``StoreUnavailable``, counted by the store's ``OutageMonitor`` (one warning per
+outage); other SQLite errors propagate as they are.
 """
 
 from __future__ import annotations
@@ -11,12 +15,21 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import activities.store.budget as budget
-from activities.store.base import StoredMessage, StoreError, decode_blob, encode_blob, is_blob_digest
+from activities.store.base import (
+    StoredMessage,
+    StoreError,
+    StoreUnavailable,
+    decode_blob,
+    encode_blob,
+    is_blob_digest,
+)
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
+from activities.store.outage import OutageMonitor
 from workflows.types import Message
 
 _SCHEMA = """
@@ -63,10 +76,28 @@ CREATE TABLE IF NOT EXISTS blobs (
 -- Covering, so that listing old blobs never reads their data (which sits before created_at in a row).
 CREATE INDEX IF NOT EXISTS blobs_created ON blobs (created_at, digest);
 """
+T = TypeVar("T")
+# How long one statement waits for another connection's write lock before it fails (StoreUnavailable,
+# then Temporal retries the activity with backoff). Calls of one process are serialised by a lock, so
+# this is also how long every other store call of the process may queue behind a blocked one: kept well
+# under the activities' heartbeat timeouts (15-20 s).
+BUSY_TIMEOUT_S = 5.0
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _DELETE_BATCH = 500  # digests per DELETE (well under SQLite's limit of bound parameters)
 _LEDGER_COLUMNS = (
     "key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions, result, is_error, note"
 )
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked" / busy (another connection holds the lock)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _BUSY_CODES  # extended codes (SQLITE_BUSY_SNAPSHOT, ...) share the low byte
+    text = str(exc)
+    return "database is locked" in text or "database table is locked" in text or "database is busy" in text
 
 
 class SQLiteRunStore:
@@ -74,10 +105,42 @@ class SQLiteRunStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
+        self._monitor = OutageMonitor(str(self.path))
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            if is_busy(exc):
+                raise self._unavailable(exc) from None
+            raise
+
+    def _unavailable(self, exc: BaseException, began: float | None = None) -> StoreUnavailable:
+        error = StoreUnavailable(f"the SQLite run store {self.path} is locked by another connection: {exc}")
+        self._monitor.failed(error, began)
+        return error
+
+    async def _call(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """Run ``fn`` in a thread; every call goes through here, so this is where a locked database is seen.
+
+        Only a write that gets through ends an outage: readers are not blocked by another connection's
+        write lock (WAL), so a read succeeding says nothing about whether the lock is gone.
+        """
+        began = time.monotonic()
+        try:
+            result = await asyncio.to_thread(fn, *args)
+        except sqlite3.OperationalError as exc:
+            if is_busy(exc):
+                raise self._unavailable(exc, began) from None
+            raise
+        if write:
+            self._monitor.succeeded()
+        return result
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._call(fn, *args, write=False)
 
     def _row(self, row: tuple[int, str, str]) -> StoredMessage:
         return StoredMessage(seq=row[0], message=Message.model_validate_json(row[1]), meta=json.loads(row[2]))
@@ -170,25 +233,25 @@ class SQLiteRunStore:
     async def put_message(
         self, conversation_id: str, seq: int, message: Message, meta: dict[str, object] | None = None
     ) -> StoredMessage:
-        return await asyncio.to_thread(self._put, conversation_id, seq, message, meta or {})
+        return await self._call(self._put, conversation_id, seq, message, meta or {})
 
     async def get_message(self, conversation_id: str, seq: int) -> StoredMessage | None:
-        return await asyncio.to_thread(self._get, conversation_id, seq)
+        return await self._read(self._get, conversation_id, seq)
 
     async def messages(self, conversation_id: str, upto: int) -> list[StoredMessage]:
-        return await asyncio.to_thread(self._list, conversation_id, upto)
+        return await self._read(self._list, conversation_id, upto)
 
     async def transcript(self, conversation_id: str, limit: int = 100_000) -> list[StoredMessage]:
-        return await asyncio.to_thread(self._transcript, conversation_id, limit)
+        return await self._read(self._transcript, conversation_id, limit)
 
     async def entries_after(self, conversation_id: str, after: int = -1, limit: int = 1000) -> list[StoredMessage]:
-        return await asyncio.to_thread(self._entries_after, conversation_id, after, limit)
+        return await self._read(self._entries_after, conversation_id, after, limit)
 
     async def copy_messages(self, source: str, target: str, upto: int) -> int:
-        return await asyncio.to_thread(self._copy, source, target, upto)
+        return await self._call(self._copy, source, target, upto)
 
     async def conversations(self) -> list[tuple[str, float]]:
-        return await asyncio.to_thread(self._conversations)
+        return await self._read(self._conversations)
 
     # --- ledger ---------------------------------------------------------------------
 
@@ -240,11 +303,12 @@ class SQLiteRunStore:
         assert entry is not None
         return Claim(status=status, entry=entry)
 
-    def _started(self, key: str, owner: str) -> None:
+    def _started(self, key: str, owner: str) -> bool:
         with self._lock:
-            self._conn.execute(
+            cur = self._conn.execute(
                 "UPDATE ledger SET executions = executions + 1 WHERE key = ? AND owner = ?", (key, owner)
             )
+        return cur.rowcount == 1
 
     def _renew(self, key: str, owner: str, lease_s: float) -> bool:
         with self._lock:
@@ -274,21 +338,21 @@ class SQLiteRunStore:
         return [self._entry(r) for r in rows]
 
     async def claim(self, request: ClaimRequest) -> Claim:
-        return await asyncio.to_thread(self._claim, request)
+        return await self._call(self._claim, request)
 
-    async def started(self, key: str, owner: str) -> None:
-        await asyncio.to_thread(self._started, key, owner)
+    async def started(self, key: str, owner: str) -> bool:
+        return await self._call(self._started, key, owner)
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:
-        return await asyncio.to_thread(self._renew, key, owner, lease_s)
+        return await self._call(self._renew, key, owner, lease_s)
 
     async def finish(
         self, key: str, owner: str, state: LedgerState, result: str, is_error: bool, note: str = ""
     ) -> None:
-        await asyncio.to_thread(self._finish, key, owner, state, result, is_error, note)
+        await self._call(self._finish, key, owner, state, result, is_error, note)
 
     async def ledger(self, workflow_id: str | None = None) -> list[LedgerEntry]:
-        return await asyncio.to_thread(self._ledger, workflow_id)
+        return await self._read(self._ledger, workflow_id)
 
     async def close(self) -> None:
         with self._lock:
@@ -336,16 +400,16 @@ class SQLiteRunStore:
             return budget.spent(self._budget_rows(root), time.time())
 
     async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
-        return await asyncio.to_thread(self._budget_reserve, root, key, cap_tokens, cap_cost_usd)
+        return await self._call(self._budget_reserve, root, key, cap_tokens, cap_cost_usd)
 
     async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
-        await asyncio.to_thread(self._budget_settle, root, key, tokens, cost_usd)
+        await self._call(self._budget_settle, root, key, tokens, cost_usd)
 
     async def budget_release(self, root: str, key: str) -> None:
-        await asyncio.to_thread(self._budget_release, root, key)
+        await self._call(self._budget_release, root, key)
 
     async def budget_spent(self, root: str) -> budget.BudgetSpent:
-        return await asyncio.to_thread(self._budget_spent, root)
+        return await self._read(self._budget_spent, root)
 
     # --- blobs ----------------------------------------------------------------------
 
@@ -382,15 +446,15 @@ class SQLiteRunStore:
         return deleted
 
     async def put_blob(self, data: bytes) -> str:
-        return await asyncio.to_thread(self._put_blob, data)
+        return await self._call(self._put_blob, data)
 
     async def get_blob(self, digest: str) -> bytes | None:
         if not is_blob_digest(digest):
             return None
-        return await asyncio.to_thread(self._get_blob, digest)
+        return await self._read(self._get_blob, digest)
 
     async def blob_digests(self, older_than: float) -> list[str]:
-        return await asyncio.to_thread(self._blob_digests, older_than)
+        return await self._read(self._blob_digests, older_than)
 
     async def delete_blobs(self, digests: list[str]) -> int:
-        return await asyncio.to_thread(self._delete_blobs, digests)
+        return await self._call(self._delete_blobs, digests)

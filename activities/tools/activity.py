@@ -23,6 +23,8 @@ from activities.heartbeat import heartbeating
 from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.sandbox.base import META_RUN, META_TENANT, SandboxError, SandboxMissing
+from activities.store.base import StoreUnavailable
+from activities.store_errors import store_guarded
 from activities.tools.recovery import execute_once
 from activities.tools.spec import ToolContext, ToolError, ToolSpec
 from workflows.types import CompensationRequest, Message, ToolInvocation, ToolOutcome, TranscriptEntry
@@ -43,10 +45,12 @@ def outcome_of(message: Message, meta: dict[str, object] | None = None) -> ToolO
     )
 
 
+@store_guarded
 async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> ToolOutcome:
     """Run one tool call (ledgered when it has side effects) and store its result at ``inv.seq``.
 
     Shared by the registered tools' activities and the ``mcp`` activity, which builds a spec per call.
+    A run store outage fails the attempt with the retryable ``StoreUnavailable`` (``store_guarded``).
     """
     with (
         telemetry.activity_context(step=inv.step, tool=spec.name, call_id=inv.call_id),
@@ -64,7 +68,10 @@ async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) 
             span.set_attribute("error.type", type(exc).__name__)
             span.set_status(StatusCode.ERROR, type(exc).__name__)
             telemetry.record_tool_call(spec.name, inv.policy_verdict, "attempt_failed")
-            log.warning("tool_attempt_failed", error_type=type(exc).__name__)
+            if isinstance(exc, StoreUnavailable):  # the store logs its outage once, not once per attempt
+                log.info("tool_attempt_failed", error_type=type(exc).__name__)
+            else:
+                log.warning("tool_attempt_failed", error_type=type(exc).__name__)
             raise
         state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
         span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
@@ -187,6 +194,7 @@ class CompensationActivities:
         self._rt = runtime
 
     @activity.defn(name="compensate")
+    @store_guarded
     async def compensate(self, req: CompensationRequest) -> str:
         """Undo one completed side effect with its tool's compensation, given its recorded result."""
         spec = self._rt.tools.get(req.tool)
@@ -214,6 +222,7 @@ class TranscriptActivities:
         self._rt = runtime
 
     @activity.defn(name="transcript_append")
+    @store_guarded
     async def transcript_append(self, conversation_id: str, entries: list[TranscriptEntry]) -> None:
         """Persist entries the workflow produced itself (errors, denials) when no model turn follows."""
         run_id = activity.info().workflow_run_id

@@ -8,6 +8,33 @@ before the side effect, record the outcome after. On a retry:
   tool's recovery mode decides: ``idempotent_by_key`` re-sends with the same key,
   ``reconcile`` checks whether it happened, ``unknown`` reports an unknown outcome
   so the workflow pauses for a human. Never a blind retry.
+
+Store outages (``StoreUnavailable``: PostgreSQL down, SQLite locked) at each point of
+``execute_once``. Any store call may have been applied even though it raised (a commit whose
+answer was lost), so every point is judged for both cases. The activity attempt that meets one
+fails with the retryable ``StoreUnavailable`` (``activities.store_errors``); Temporal retries it.
+
+1. ``claim`` fails: nothing ran. Either no intent was recorded (the retry claims ``fresh``) or it
+   was and the answer was lost (the retry finds this attempt's live lease, ``busy``: it waits for
+   the lease, then ``recovered`` with no execution started, and the recovery mode decides, as for
+   any intent without outcome). Never two runs: the side effect only starts after ``started``.
+2. ``reconcile`` / ``finish(unknown)`` of a recovered claim fail: the side effect was not started
+   by this attempt; the retry claims again and gets the same verdict (or ``done``/``unknown``).
+3. ``started`` fails: the side effect was not started (it starts only after ``started`` returns
+   True). If the count was applied and the answer lost, the ledger over-counts an execution that
+   never began, which only makes recovery more careful. ``started`` is False when another holder
+   took the key meanwhile: then this attempt does not run it at all.
+4. During the side effect, lease renewals fail: tolerated (``_renewer``), logged once per streak;
+   heartbeats to Temporal go on, so no other attempt is started, and no other holder can claim
+   the key while the store is down anyway. The lease may run out meanwhile; the next renewal that
+   reaches the store extends it again (``renew`` matches the owner, not the lease), unless another
+   holder has claimed the key, which is reported as today. The side effect is never abandoned.
+5. ``finish(done)`` fails after the side effect: retried in the attempt (``persistently``, with
+   heartbeats) until it lands or the attempt times out. If it never lands, the next attempt meets
+   intent without outcome and an execution started: the recovery mode decides (``idempotent_by_key``
+   re-sends with the same key, ``reconcile`` asks, ``unknown`` asks a human). Never a blind rerun.
+6. Storing the result in the transcript fails (``_run_tool``, after this returns): the retry
+   claims ``done`` and returns the recorded outcome without running anything.
 """
 
 from __future__ import annotations
@@ -20,17 +47,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, persistently
 from activities.runtime import Runtime
+from activities.store.base import StoreUnavailable
 from activities.store.ledger import ClaimRequest
 from activities.tools.spec import ToolContext, ToolSpec
 from workflows.identity import canonical_json
 from workflows.types import ToolInvocation
 
 DEFAULT_LEASE_S = 60.0
+log = structlog.get_logger("activities.tools.recovery")
 
 
 @dataclass(frozen=True)
@@ -50,10 +80,27 @@ def _lease_s() -> float:
 
 
 def _renewer(runtime: Runtime, key: str, owner: str, lease_s: float) -> Callable[[], Awaitable[None]]:
-    """Renew the ledger lease on every heartbeat, so a live holder is never taken over."""
+    """Renew the ledger lease on every heartbeat, so a live holder is never taken over.
+
+    A renewal that fails because the store is unavailable is tolerated: logged once per run of
+    missed beats (the store logs the outage itself), and the next beat renews again. The side
+    effect goes on. Losing the lease to another holder is reported as before.
+    """
+    missed = 0
 
     async def renew() -> None:
-        if not await runtime.store.renew(key, owner, lease_s):
+        nonlocal missed
+        try:
+            held = await runtime.store.renew(key, owner, lease_s)
+        except StoreUnavailable as exc:
+            missed += 1
+            if missed == 1:
+                log.info("lease_renewal_missed", key=key, error=str(exc)[:300])
+            return
+        if missed:
+            log.info("lease_renewed", key=key, missed_beats=missed)
+            missed = 0
+        if not held:
             activity.logger.warning("lost the ledger lease on %s to another holder", key)
 
     return renew
@@ -106,7 +153,13 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
             await store.finish(entry.key, owner, "unknown", "", False, note=note)
             return Execution(f"outcome unknown: {note}", True, unknown=True)
 
-    await store.started(inv.idempotency_key, owner)
+    if not await store.started(inv.idempotency_key, owner):
+        # Another holder claimed the key since our claim (our lease ran out): it decides, not us.
+        raise ApplicationError(
+            f"{spec.name} call {inv.idempotency_key} was claimed by another holder before it started",
+            type="CallInFlight",
+            next_retry_delay=timedelta(seconds=1),
+        )
     every_s = float(spec.heartbeat_s or max(1.0, lease_s / 3))
     try:
         async with heartbeating(every_s, _renewer(runtime, inv.idempotency_key, owner, lease_s)):
