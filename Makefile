@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # and subprocesses, so three processes keep 2 cores busy: the suite takes under half its serial time.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers
+.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ server: venv
 
 stop: venv
 	@$(PY) scripts/devserver.py stop
+
+# A local cluster: Temporal dev server, PostgreSQL run store, N workers (make cluster WORKERS=5); see README.
+cluster: venv bwrap
+	@$(PY) -m scripts.cluster start --workers $(or $(WORKERS),3)
+
+cluster-stop: venv
+	@$(PY) -m scripts.cluster stop
 
 demo: venv bwrap server
 	@$(PY) scripts/demo.py

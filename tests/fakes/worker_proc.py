@@ -119,6 +119,17 @@ def worker_env(
     return env
 
 
+CLUSTER_VARIABLES = ("TEMPORAL_ADDRESS", "AGENT_TASK_QUEUE", "AGENT_STATE_DIR")
+
+
+def cluster_worker_env(*, llm_url: str, policy_file: Path, **extra: str) -> dict[str, str]:
+    """``worker_env`` for a ``scripts.cluster.Cluster``: without what the cluster sets (address, queue, state dir)."""
+    env = worker_env(address="", task_queue="", llm_url=llm_url, state_dir=Path(), policy_file=policy_file, **extra)
+    for name in CLUSTER_VARIABLES:
+        env.pop(name)
+    return env
+
+
 class WorkerProc:
     """One ``worker.py`` process; ``kill()`` is a real SIGKILL (no cleanup, no graceful shutdown)."""
 
