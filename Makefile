@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # and subprocesses, so three processes keep 2 cores busy: the suite takes under half its serial time.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop
+.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop deploy-check
 
 venv: $(STAMP)
 
@@ -63,7 +63,11 @@ mcp-servers:
 	  touch $(EVERYTHING_STAMP); \
 	fi
 
-test: venv bwrap mcp-servers lint
+# Offline validation of deploy/ (Kubernetes and compose-spec JSON schemas; under 2 s).
+deploy-check: venv
+	BIN=$(VENV)/bin deploy/check.sh
+
+test: venv bwrap mcp-servers lint deploy-check
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: venv bwrap

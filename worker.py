@@ -4,7 +4,10 @@ Configuration comes from the environment through ``Settings`` (see README,
 "Configuration", and docs/architecture.md): ``TEMPORAL_ADDRESS``,
 ``TEMPORAL_NAMESPACE``, ``AGENT_TASK_QUEUE``, ``AGENT_MODEL``, ``AGENT_SANDBOX``,
 ``AGENT_HTTP_ALLOW``, ``AGENT_STORE_URL``, ``AGENT_TOOL_MODULES``,
-``AGENT_PROVIDER_MODULES``, ...; observability: ``AGENT_LOG_LEVEL``,
+``AGENT_PROVIDER_MODULES``, ...; worker tuning: ``AGENT_MAX_CACHED_WORKFLOWS``,
+``AGENT_MAX_CONCURRENT_ACTIVITIES``, ``AGENT_MAX_CONCURRENT_WORKFLOW_TASKS``; deployment:
+``AGENT_REQUIRE_SHARED_STORE`` (refuse a SQLite run store), ``AGENT_HEALTH_PORT``
+(``/healthz`` and ``/readyz``); observability: ``AGENT_LOG_LEVEL``,
 ``AGENT_METRICS_PORT`` (Prometheus), ``OTEL_TRACES_EXPORTER`` /
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_SERVICE_NAME``. A bad configuration is one
 line on stderr and exit code 2.
@@ -33,9 +36,14 @@ GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 
 
 def build_worker(client: Client, runtime: Runtime, *, task_queue: str, reaper: bool = False, **options: Any) -> Worker:
-    """A worker for ``runtime`` as tests and benchmarks run it (the same plugin as ``main``)."""
+    """A worker for ``runtime`` as tests and benchmarks run it (the same plugin as ``main``).
+
+    ``options`` are ``Worker`` options; those not given come from ``runtime.settings.worker``.
+    """
     plugin = DurableAgentsPlugin(runtime=runtime, reaper=reaper, search_attributes=False)
     options.setdefault("graceful_shutdown_timeout", GRACEFUL_SHUTDOWN)
+    for name, value in runtime.settings.worker.options().items():
+        options.setdefault(name, value)
     return Worker(client, task_queue=task_queue, plugins=[plugin], **options)
 
 
@@ -75,25 +83,43 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(client, task_queue=settings.task_queue, graceful_shutdown_timeout=GRACEFUL_SHUTDOWN)
-    async with worker:
-        log.info(
-            "worker_started",
-            task_queue=settings.task_queue,
-            namespace=client.namespace,
-            model=settings.model,
-            sandbox=settings.sandbox.backend,
-            store=display_url(settings.store_url),
-            tools=plugin.runtime.tools.names(),
-            providers=plugin.runtime.providers.registry.prefixes(),
-            search_attributes=plugin.runtime.search_attributes_ready,
-            tracing=telemetry.tracing_enabled(),
-            metrics_port=settings.observability.metrics_port,
-        )
-        await stop.wait()
-        log.info("worker_stopping")
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        **settings.worker.options(),
+    )
+    try:
+        async with worker:
+            await _run_until_stopped(worker, plugin, settings, client, stop)
+    except ConfigurationError as exc:  # raised around the worker's start, e.g. a health port already in use
+        log.error("bad_configuration", error=str(exc))
+        return 2
     log.info("worker_stopped")
     return 0
+
+
+async def _run_until_stopped(
+    worker: Worker, plugin: DurableAgentsPlugin, settings: Settings, client: Client, stop: asyncio.Event
+) -> None:
+    log.info(
+        "worker_started",
+        task_queue=settings.task_queue,
+        namespace=client.namespace,
+        model=settings.model,
+        sandbox=settings.sandbox.backend,
+        store=display_url(settings.store_url),
+        tools=plugin.runtime.tools.names(),
+        providers=plugin.runtime.providers.registry.prefixes(),
+        search_attributes=plugin.runtime.search_attributes_ready,
+        tracing=telemetry.tracing_enabled(),
+        metrics_port=settings.observability.metrics_port,
+        health_port=settings.worker.health_port,
+        # What the worker actually runs with (AGENT_MAX_*), read back from its configuration.
+        **{name: worker.config().get(name) for name in settings.worker.options()},
+    )
+    await stop.wait()
+    log.info("worker_stopping")
 
 
 if __name__ == "__main__":

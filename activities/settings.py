@@ -15,6 +15,7 @@ Parts::
     settings.sandbox         backend name, .local (bubblewrap limits, uid base), .e2b, reaper interval
     settings.observability   log level, metrics port, trace exporters
     settings.extensions      operator tool and provider modules
+    settings.worker          worker tuning (cache, slots), health port, shared-store requirement
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import SecretStr, ValidationError
@@ -36,6 +38,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SANDBOX_BACKENDS = ("local", "e2b")
 TRACE_EXPORTERS = ("console", "otlp", "none")
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 _CONNINFO_PASSWORD = re.compile(r"\bpassword\s*=\s*(?:'([^']*)'|(\S+))")
 
 
@@ -132,6 +135,27 @@ class ExtensionSettings:
 
 
 @dataclass(frozen=True)
+class WorkerSettings:
+    """How ``worker.py`` runs its worker: ``AGENT_MAX_*``, ``AGENT_HEALTH_PORT``, ``AGENT_REQUIRE_SHARED_STORE``."""
+
+    # The Temporal SDK's own defaults (temporalio 1.35: Worker(max_cached_workflows=1000), and 100 slots per
+    # kind from WorkerTuner.create_fixed) for now; the benchmarks (bench/) are to choose the real values.
+    max_cached_workflows: int = 1000  # AGENT_MAX_CACHED_WORKFLOWS (0: no cache, every task replays its history)
+    max_concurrent_activities: int = 100  # AGENT_MAX_CONCURRENT_ACTIVITIES
+    max_concurrent_workflow_tasks: int = 100  # AGENT_MAX_CONCURRENT_WORKFLOW_TASKS (at least 2 with a cache)
+    health_port: int | None = None  # AGENT_HEALTH_PORT: /healthz and /readyz on 0.0.0.0:N
+    require_shared_store: bool = False  # AGENT_REQUIRE_SHARED_STORE: refuse a SQLite run store
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of ``temporalio.worker.Worker`` for these settings."""
+        return {
+            "max_cached_workflows": self.max_cached_workflows,
+            "max_concurrent_activities": self.max_concurrent_activities,
+            "max_concurrent_workflow_tasks": self.max_concurrent_workflow_tasks,
+        }
+
+
+@dataclass(frozen=True)
 class Settings:
     temporal: TemporalSettings = field(default_factory=TemporalSettings)
     model: str = "scripted:demo"  # AGENT_MODEL: the default model of runs that name none
@@ -141,6 +165,7 @@ class Settings:
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
     extensions: ExtensionSettings = field(default_factory=ExtensionSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
     http_allow: tuple[str, ...] = ()
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
@@ -202,6 +227,7 @@ class Settings:
                 tool_modules=reader.names("AGENT_TOOL_MODULES"),
                 provider_modules=reader.names("AGENT_PROVIDER_MODULES"),
             ),
+            worker=_worker(reader),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
             store_url=reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3"),
             state_dir=state_dir,
@@ -217,6 +243,15 @@ class Settings:
     @property
     def task_queue(self) -> str:
         return self.temporal.task_queue
+
+    def shared_store_problem(self) -> str:
+        """Why this run store breaks ``AGENT_REQUIRE_SHARED_STORE=1`` (one line), or ``""`` when it does not."""
+        if not self.worker.require_shared_store or is_shared_store(self.store_url):
+            return ""
+        return (
+            f"AGENT_REQUIRE_SHARED_STORE=1 but AGENT_STORE_URL={self.store_url} is a SQLite run store, which only "
+            "workers on one machine can share: set AGENT_STORE_URL=postgresql://..."
+        )
 
     def variable(self, name: str, default: str = "") -> str:
         """An environment variable for an operator's own extension (a provider's key, a tool's endpoint).
@@ -315,6 +350,37 @@ def _e2b(reader: _Reader, limits: LocalLimits) -> E2BConfig:
         internet=reader.text("AGENT_E2B_INTERNET").lower() in _TRUE,
         limits=limits,
     )
+
+
+def _worker(reader: _Reader) -> WorkerSettings:
+    default = WorkerSettings()
+    port: int | None = None
+    if reader.text("AGENT_HEALTH_PORT"):
+        port = reader.integer("AGENT_HEALTH_PORT", 0, low=1, high=65535)
+    flag = reader.text("AGENT_REQUIRE_SHARED_STORE").lower()
+    if flag and flag not in (*_TRUE, *_FALSE):
+        raise ConfigurationError(
+            f"AGENT_REQUIRE_SHARED_STORE={reader.text('AGENT_REQUIRE_SHARED_STORE')!r}: expected 1 or 0"
+        )
+    return WorkerSettings(
+        max_cached_workflows=reader.integer(
+            "AGENT_MAX_CACHED_WORKFLOWS", default.max_cached_workflows, low=0, high=1_000_000
+        ),
+        max_concurrent_activities=reader.integer(
+            "AGENT_MAX_CONCURRENT_ACTIVITIES", default.max_concurrent_activities, low=1, high=100_000
+        ),
+        # The SDK needs two workflow slots when workflows are cached (sticky and normal queue).
+        max_concurrent_workflow_tasks=reader.integer(
+            "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS", default.max_concurrent_workflow_tasks, low=2, high=100_000
+        ),
+        health_port=port,
+        require_shared_store=flag in _TRUE,
+    )
+
+
+def is_shared_store(url: str) -> bool:
+    """Whether a run store URL names the shared (PostgreSQL) store rather than a SQLite file."""
+    return url.startswith(("postgresql://", "postgres://"))
 
 
 def _observability(reader: _Reader) -> ObservabilitySettings:

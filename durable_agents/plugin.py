@@ -5,7 +5,8 @@ client, or given the plugin itself) it adds ``AgentWorkflow`` and every activity
 the workflow schedules, all bound to one :class:`~activities.runtime.Runtime`
 (settings, run store, tool and provider registries, prices, policy, sandboxes).
 While a worker runs, the plugin also registers the ``Agent*`` search attributes
-where it may, and reaps sandboxes of ended runs every ``AGENT_REAP_INTERVAL_S``.
+where it may, reaps sandboxes of ended runs every ``AGENT_REAP_INTERVAL_S`` and,
+with ``AGENT_HEALTH_PORT``, serves ``/healthz`` and ``/readyz`` (``durable_agents.health``).
 
 Embedding in your own Temporal application::
 
@@ -45,9 +46,10 @@ from activities.models.activity import ModelActivities
 from activities.models.registry import ProviderRegistry
 from activities.runtime import Runtime
 from activities.sandbox.activity import SandboxActivities
-from activities.settings import Settings
+from activities.settings import ConfigurationError, Settings
 from activities.tools.activity import CompensationActivities, TranscriptActivities, tool_activities
 from activities.tools.registry import ToolRegistry
+from durable_agents.health import HealthServer, WorkerHealth
 from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
@@ -124,8 +126,9 @@ class DurableAgentsPlugin(SimplePlugin):
         )
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        """Around each worker: the runtime checked and search attributes registered once, the reaper while it
-        runs, the runtime closed after. A failed check raises ``ConfigurationError`` from ``Worker.run``."""
+        """Around each worker: the runtime checked and search attributes registered once, the reaper and the
+        health server while it runs, the runtime closed after. A failed check (or a health port that cannot be
+        bound) raises ``ConfigurationError`` from ``Worker.run``."""
         client = worker.client
         await self.check()  # a store or sandbox that cannot work stops the worker before it polls
         if self._search_attributes and not self.runtime.search_attributes_ready:
@@ -145,10 +148,14 @@ class DurableAgentsPlugin(SimplePlugin):
             else None
         )
         self._running_workers += 1
+        health: HealthServer | None = None
         try:
+            health = await self._start_health(worker)
             await next(worker)
         finally:
             self._running_workers -= 1
+            if health is not None:
+                await health.stop()
             if reaper is not None:
                 reaper.cancel()
                 # Awaited so that a reap pass in flight finishes its cancellation before the store closes.
@@ -157,9 +164,22 @@ class DurableAgentsPlugin(SimplePlugin):
             if self._owns_runtime and self._running_workers == 0:
                 await self.runtime.aclose()
 
+    async def _start_health(self, worker: Worker) -> HealthServer | None:
+        """The health server on ``AGENT_HEALTH_PORT`` (one worker per port), or ``None`` when it is unset."""
+        port = self.settings.worker.health_port
+        if port is None:
+            return None
+        server = HealthServer(WorkerHealth(worker), port)
+        await server.start()
+        return server
+
     async def check(self) -> None:
-        """``Runtime.check()`` once per plugin: at the first worker, or earlier when the caller asks."""
+        """``Runtime.check()`` once per plugin (and ``AGENT_REQUIRE_SHARED_STORE``): at the first worker, or
+        earlier when the caller asks."""
         if not self._checked:
+            problem = self.settings.shared_store_problem()
+            if problem:
+                raise ConfigurationError(problem)
             await self.runtime.check()
             self._checked = True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from activities.catalog import provider_registry, tool_registry
 from activities.runtime import Runtime
-from activities.settings import ConfigurationError, ExtensionSettings, Settings
+from activities.settings import ConfigurationError, ExtensionSettings, Settings, WorkerSettings
 from activities.tools import ToolContext, ToolRegistry, tool
 from activities.tools.spec import spec_of
 
@@ -47,6 +49,12 @@ def test_bad_variables_name_themselves() -> None:
         ({"AGENT_METRICS_PORT": "99999"}, "AGENT_METRICS_PORT"),
         ({"AGENT_SANDBOX_TIMEOUT_S": "nan"}, "AGENT_SANDBOX_TIMEOUT_S"),
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        ({"AGENT_MAX_CACHED_WORKFLOWS": "-1"}, "AGENT_MAX_CACHED_WORKFLOWS"),
+        ({"AGENT_MAX_CONCURRENT_ACTIVITIES": "0"}, "AGENT_MAX_CONCURRENT_ACTIVITIES"),
+        ({"AGENT_MAX_CONCURRENT_WORKFLOW_TASKS": "1"}, "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS"),
+        ({"AGENT_MAX_CONCURRENT_WORKFLOW_TASKS": "many"}, "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS"),
+        ({"AGENT_HEALTH_PORT": "70000"}, "AGENT_HEALTH_PORT"),
+        ({"AGENT_REQUIRE_SHARED_STORE": "maybe"}, "AGENT_REQUIRE_SHARED_STORE"),
     ):
         with pytest.raises(ConfigurationError, match=variable):
             Settings.from_env(env)
@@ -61,6 +69,45 @@ def test_settings_are_read_from_the_given_environment_only() -> None:
     assert settings.model == "scripted:demo" and settings.sandbox.backend == "local"
     assert "MY_KEY" not in repr(settings)
     assert Settings.from_env({"E2B_API_KEY": "e2b_x"}).sandbox.backend == "e2b"
+
+
+def test_worker_tuning_defaults_are_the_sdks_and_variables_override_them() -> None:
+    sdk = inspect.signature(Worker.__init__).parameters
+    assert WorkerSettings().max_cached_workflows == sdk["max_cached_workflows"].default
+    fixed = WorkerTuner.create_fixed()  # the slots the SDK gives each kind when none is configured
+    activity_slots = fixed._get_activity_task_slot_supplier()
+    workflow_slots = fixed._get_workflow_task_slot_supplier()
+    assert isinstance(activity_slots, FixedSizeSlotSupplier) and isinstance(workflow_slots, FixedSizeSlotSupplier)
+    assert WorkerSettings().max_concurrent_activities == activity_slots.num_slots
+    assert WorkerSettings().max_concurrent_workflow_tasks == workflow_slots.num_slots
+    assert Settings.from_env({}).worker == WorkerSettings()
+    tuned = Settings.from_env(
+        {
+            "AGENT_MAX_CACHED_WORKFLOWS": "0",
+            "AGENT_MAX_CONCURRENT_ACTIVITIES": "12",
+            "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS": "4",
+            "AGENT_HEALTH_PORT": "8081",
+            "AGENT_REQUIRE_SHARED_STORE": "1",
+        }
+    ).worker
+    assert tuned.options() == {
+        "max_cached_workflows": 0,
+        "max_concurrent_activities": 12,
+        "max_concurrent_workflow_tasks": 4,
+    }
+    assert tuned.health_port == 8081 and tuned.require_shared_store
+
+
+def test_a_shared_store_is_required_only_when_asked() -> None:
+    assert Settings.from_env({}).shared_store_problem() == ""
+    assert Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "0"}).shared_store_problem() == ""
+    for url in ("/var/lib/agent/store.sqlite3", "sqlite:///var/lib/agent/store.sqlite3", "host=db dbname=agent"):
+        problem = Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "1", "AGENT_STORE_URL": url}).shared_store_problem()
+        assert "AGENT_REQUIRE_SHARED_STORE=1" in problem and f"AGENT_STORE_URL={url}" in problem
+    for url in ("postgresql://agent@db/agent_store", "postgres://agent@db/agent_store"):
+        assert (
+            Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "1", "AGENT_STORE_URL": url}).shared_store_problem() == ""
+        )
 
 
 def test_store_passwords_are_secrets_wherever_they_are_written() -> None:
@@ -167,6 +214,15 @@ def run_worker_process(tmp_path: Path, **env: str) -> subprocess.CompletedProces
         ),
         ({"AGENT_STORE_URL": "postgresql://agent:pw@127.0.0.1:1/agents"}, "AGENT_STORE_URL=postgresql://agent:***@"),
         ({"AGENT_SANDBOX": "e2b"}, "AGENT_SANDBOX=e2b: AGENT_SANDBOX=e2b needs E2B_API_KEY"),
+        ({"AGENT_REQUIRE_SHARED_STORE": "1"}, "AGENT_REQUIRE_SHARED_STORE=1 but AGENT_STORE_URL="),
+        ({"AGENT_REQUIRE_SHARED_STORE": "yes"}, "is a SQLite run store"),
+        # A PostgreSQL URL passes the requirement; then the store itself must open.
+        (
+            {"AGENT_REQUIRE_SHARED_STORE": "1", "AGENT_STORE_URL": "postgresql://agent:pw@127.0.0.1:1/agents"},
+            "AGENT_STORE_URL=postgresql://agent:***@",
+        ),
+        ({"AGENT_HEALTH_PORT": "0"}, "AGENT_HEALTH_PORT='0' must be between 1 and 65535"),
+        ({"AGENT_MAX_CONCURRENT_ACTIVITIES": "-5"}, "AGENT_MAX_CONCURRENT_ACTIVITIES='-5' must be between"),
     ],
 )
 def test_worker_stops_at_start_with_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
