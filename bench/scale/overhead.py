@@ -1,0 +1,98 @@
+"""``overhead``: wall time of one run of N turns, ours against the floor, interleaved on one server."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.scale.common import (
+    dev_server,
+    floor_workers,
+    histories,
+    history_stats,
+    machine,
+    median,
+    our_workers,
+    ours_settings,
+    queue,
+    run_floor,
+    run_ours,
+)
+
+TARGET_RATIO = 1.10
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    load_before = machine()["loadavg_1_5_15"]
+    async with dev_server() as env:
+        client = env.client
+        with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+            ours_q, floor_q = queue("ours"), queue("floor")
+            async with our_workers([client], ours_settings(Path(tmp)), ours_q), floor_workers([client], floor_q):
+                # Warm-up (imports, sandbox, connections, store schema): not counted.
+                await run_floor(client, floor_q, 2, args.kb)
+                await run_ours(client, ours_q, 2, args.kb)
+                for turns in args.turns:
+                    floor_s: list[float] = []
+                    ours_s: list[float] = []
+                    last: dict[str, tuple[str, str]] = {}
+                    for _ in range(args.repeat):
+                        wid, rid, wall = await run_floor(client, floor_q, turns, args.kb)
+                        floor_s.append(wall)
+                        last["floor"] = (wid, rid)
+                        wid, rid, wall = await run_ours(client, ours_q, turns, args.kb)
+                        ours_s.append(wall)
+                        last["ours"] = (wid, rid)
+                    ours_h = history_stats(await histories(client, *last["ours"]))
+                    floor_h = history_stats(await histories(client, *last["floor"]))
+                    ratio = median(ours_s) / median(floor_s)
+                    rows.append(
+                        {
+                            "turns": turns,
+                            "ours_s": [round(x, 3) for x in ours_s],
+                            "floor_s": [round(x, 3) for x in floor_s],
+                            "ours_median_s": round(median(ours_s), 3),
+                            "floor_median_s": round(median(floor_s), 3),
+                            "ratio": round(ratio, 3),
+                            "ours_ms_per_turn": round(1000 * median(ours_s) / turns, 1),
+                            "floor_ms_per_turn": round(1000 * median(floor_s) / turns, 1),
+                            "extra_ms_per_turn": round(1000 * (median(ours_s) - median(floor_s)) / turns, 1),
+                            "ours_history": ours_h,
+                            "floor_history": floor_h,
+                            "target_met": ratio <= TARGET_RATIO,
+                        }
+                    )
+                    print(
+                        f"turns {turns:4d}: ours {median(ours_s):7.2f} s, floor {median(floor_s):7.2f} s, "
+                        f"ratio {ratio:.2f}x ({rows[-1]['extra_ms_per_turn']:+.1f} ms/turn)"
+                    )
+    fit = _fixed_and_per_turn(rows)
+    return {
+        "bench": "overhead",
+        "what": "one run of N tool turns (10 KB outputs) + an answer; ours (AgentWorkflow, instant in-process "
+        "model) vs the floor (bare workflow: no-op model activity + 10 KB tool activity per turn); "
+        "order floor, ours, floor, ours, ... on one dev server and one process; median of the repeats",
+        "machine": machine(),
+        "loadavg_at_start": load_before,
+        "kb": args.kb,
+        "repeat": args.repeat,
+        "rows": rows,
+        "extra_vs_floor": fit,
+        "target": f"ours <= {TARGET_RATIO}x the floor's wall time",
+        "target_met": all(r["target_met"] for r in rows),
+    }
+
+
+def _fixed_and_per_turn(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Least-squares fit of (ours - floor) = fixed + per_turn * turns over the measured turn counts."""
+    xs = [float(r["turns"]) for r in rows]
+    ys = [r["ours_median_s"] - r["floor_median_s"] for r in rows]
+    if len(xs) < 2:
+        return {}
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return {"fixed_ms": round(1000 * (my - slope * mx), 1), "per_turn_ms": round(1000 * slope, 2)}
