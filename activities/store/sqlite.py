@@ -30,7 +30,11 @@ from activities.store.base import (
 )
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
+from activities.store.packing import pack_text, unpack_text
 from workflows.types import Message
+
+WAL_CHECKPOINT_PAGES = 256  # of 4 KiB: about 1 MiB
+WAL_SIZE_LIMIT = 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS transcript (
@@ -110,6 +114,10 @@ class SQLiteRunStore:
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint the WAL every ~1 MB (not SQLite's ~4 MB) and truncate it back to 1 MB afterwards:
+            # the WAL is part of what a run costs on disk, and a long run must not grow it unbounded.
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             self._conn.executescript(_SCHEMA)
         except sqlite3.OperationalError as exc:
             self._conn.close()
@@ -142,14 +150,16 @@ class SQLiteRunStore:
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._call(fn, *args, write=False)
 
-    def _row(self, row: tuple[int, str, str]) -> StoredMessage:
-        return StoredMessage(seq=row[0], message=Message.model_validate_json(row[1]), meta=json.loads(row[2]))
+    def _row(self, row: tuple[int, str | bytes, str]) -> StoredMessage:
+        return StoredMessage(
+            seq=row[0], message=Message.model_validate_json(unpack_text(row[1])), meta=json.loads(row[2])
+        )
 
     def _put(self, conversation_id: str, seq: int, message: Message, meta: dict[str, object]) -> StoredMessage:
         with self._lock:
             self._conn.execute(
                 "INSERT OR IGNORE INTO transcript (conversation_id, seq, message, meta) VALUES (?, ?, ?, ?)",
-                (conversation_id, seq, message.model_dump_json(), json.dumps(meta)),
+                (conversation_id, seq, pack_text(message.model_dump_json()), json.dumps(meta)),
             )
             row = self._conn.execute(
                 "SELECT seq, message, meta FROM transcript WHERE conversation_id = ? AND seq = ?",
