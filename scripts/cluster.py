@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from activities.settings import Settings
 from workflows.progress import SEARCH_ATTRIBUTES as RUN_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,7 +352,8 @@ class Cluster:
         return self.state_dir / STATE_FILE
 
     def _base_env(self) -> dict[str, str]:
-        return dict(os.environ if self.env is None else self.env)
+        # The environment as Settings read it (the one reader of it): the workers inherit it.
+        return dict(Settings.from_env().environ if self.env is None else self.env)
 
     def worker_env(self, index: int) -> dict[str, str]:
         env = self._base_env()

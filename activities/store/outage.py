@@ -22,6 +22,7 @@ class OutageMonitor:
         self._lock = threading.Lock()  # the SQLite store reports from its worker threads too
         self._since: float | None = None  # time.monotonic() of the outage's first failure
         self._failed = 0
+        self._reached = False  # a call has succeeded since the process started
 
     @property
     def in_outage(self) -> bool:
@@ -33,6 +34,11 @@ class OutageMonitor:
         The outage is taken to have begun when its first failed call did (a call may wait seconds
         for a connection before it fails).
         """
+        if not self._reached:
+            # Never reached since the process started: a configuration problem (the worker's start-up check
+            # says so in its one line), not an outage of a store that was working.
+            log.debug("store_unreachable", store=self._store, error_type=type(exc).__name__)
+            return
         with self._lock:
             self._failed += 1
             if self._since is not None:
@@ -42,6 +48,7 @@ class OutageMonitor:
 
     def succeeded(self) -> None:
         """A call reached the store (cheap when there is no outage)."""
+        self._reached = True
         if self._since is None:
             return
         with self._lock:
