@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.approvals import load_policy
 from activities.catalog import tool_registry
 from activities.runtime import Runtime
-from activities.settings import ConfigurationError, ObservabilitySettings, Settings, TemporalSettings
+from activities.settings import ConfigurationError, ObservabilitySettings, Settings, TemporalSettings, WorkerSettings
 from activities.tools import ToolContext, ToolError
 from activities.tools.egress import canonical_url, host_allowed
 from tests.conftest import WorkerFactory, start_agent, with_settings
@@ -159,6 +159,7 @@ def _endpoint_settings(port: int) -> dict[str, Settings]:
         "the worker's Temporal HTTP API ": replace(base, temporal=TemporalSettings(http_port=port)),
         "the Temporal Web UI": replace(base, temporal=TemporalSettings(ui_url=f"http://localhost:{port}")),
         "the worker's metrics endpoint": replace(base, observability=ObservabilitySettings(metrics_port=port)),
+        "the worker's health endpoint": replace(base, worker=WorkerSettings(health_port=port)),
         "the run store (PostgreSQL)": replace(base, store_url=f"postgresql://agent:pw@localhost:{port}/agents"),
     }
 

@@ -307,6 +307,8 @@ def protected_endpoints(settings: Settings) -> list[Protected]:
             )
     if settings.observability.metrics_port:
         found.append(Protected(LOCAL, settings.observability.metrics_port, "the worker's metrics endpoint"))
+    if settings.worker.health_port:
+        found.append(Protected(LOCAL, settings.worker.health_port, "the worker's health endpoint"))
     for host, port in postgres_endpoints(settings.store_url):
         found.append(Protected(host, port, "the run store (PostgreSQL)"))
     return found
