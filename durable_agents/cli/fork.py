@@ -30,7 +30,6 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
@@ -44,7 +43,16 @@ from durable_agents.cli.common import (
     warn_when_no_worker,
 )
 from durable_agents.cli.review import FollowReviewer
-from durable_agents.cli.run import MAX_TASK_BYTES, WAITING, DemoModelNote, _follow, _report, static_details, ui_link
+from durable_agents.cli.run import (
+    MAX_TASK_BYTES,
+    WAITING,
+    DemoModelNote,
+    _follow,
+    _report,
+    start_agent_run,
+    static_details,
+    ui_link,
+)
 from workflows.agent import AgentWorkflow
 from workflows.progress import FORK_OF
 from workflows.types import AgentInput, ForkSpec
@@ -191,30 +199,16 @@ async def _start_fork(
     assert inp.fork is not None
     attributes = TypedSearchAttributes([SearchAttributePair(FORK_OF, inp.fork.workflow_id)])
     details = f"{static_details(inp)}\n\n**fork of** {inp.fork.workflow_id} at step {inp.fork.step}"
-    while True:
-        try:
-            return await client.start_workflow(
-                AgentWorkflow.run,
-                inp,
-                id=workflow_id,
-                task_queue=task_queue,
-                static_summary=summary,
-                static_details=details,
-                search_attributes=attributes,
-            )
-        except WorkflowAlreadyStartedError:
-            raise CliError(
-                f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
-            ) from None
-        except RPCError as err:
-            if err.status == RPCStatusCode.ALREADY_EXISTS:
-                raise CliError(f"a run with id {workflow_id} is already running") from None
-            if err.status == RPCStatusCode.INVALID_ARGUMENT:
-                if attributes and "search attribute" in err.message.lower():
-                    attributes = TypedSearchAttributes.empty  # a namespace without AgentForkOf
-                    continue
-                raise CliError(f"Temporal refused to start the fork: {err.message}", code=EXIT_USAGE) from None
-            raise
+    return await start_agent_run(
+        client,
+        inp,
+        workflow_id,
+        task_queue,
+        summary=summary,
+        details=details,
+        search_attributes=attributes,
+        what="fork",
+    )
 
 
 def steps_done(events: Sequence[HistoryEvent], inp: AgentInput) -> int:

@@ -17,6 +17,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -81,25 +82,9 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
     task_queue = settings.temporal.task_queue
     note = DemoModelNote()
     on_interrupt(f"run {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
-    try:
-        handle = await client.start_workflow(
-            AgentWorkflow.run,
-            inp,
-            id=workflow_id,
-            task_queue=task_queue,
-            static_summary=static_summary(inp),
-            static_details=static_details(inp),
-        )
-    except WorkflowAlreadyStartedError:
-        raise CliError(
-            f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
-        ) from None
-    except RPCError as err:
-        if err.status == RPCStatusCode.ALREADY_EXISTS:
-            raise CliError(f"a run with id {workflow_id} is already running") from None
-        if err.status == RPCStatusCode.INVALID_ARGUMENT:
-            raise CliError(f"Temporal refused to start the run: {err.message}", code=EXIT_USAGE) from None
-        raise
+    handle = await start_agent_run(
+        client, inp, workflow_id, task_queue, summary=static_summary(inp), details=static_details(inp)
+    )
     on_interrupt(reattach_note(workflow_id))
     if not args.json:
         print(f"started run {workflow_id} on task queue {task_queue}")
@@ -428,3 +413,44 @@ def _report(result: AgentResult, as_json: bool, handle: WorkflowHandle[Any, Any]
         print(f"run id: {handle.id}")
         print(f"ui:     {link}")
     return 0 if result.status == "completed" else 1
+
+
+async def start_agent_run(
+    client: Client,
+    inp: AgentInput,
+    workflow_id: str,
+    task_queue: str,
+    *,
+    summary: str,
+    details: str,
+    search_attributes: TypedSearchAttributes = TypedSearchAttributes.empty,
+    what: str = "run",
+) -> WorkflowHandle[Any, Any]:
+    """Start ``AgentWorkflow``; a taken id or a refusal is one ``CliError`` line.
+
+    ``search_attributes`` the namespace does not have are dropped (the run starts without them).
+    """
+    while True:
+        try:
+            return await client.start_workflow(
+                AgentWorkflow.run,
+                inp,
+                id=workflow_id,
+                task_queue=task_queue,
+                static_summary=summary,
+                static_details=details,
+                search_attributes=search_attributes,
+            )
+        except WorkflowAlreadyStartedError:
+            raise CliError(
+                f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
+            ) from None
+        except RPCError as err:
+            if err.status == RPCStatusCode.ALREADY_EXISTS:
+                raise CliError(f"a run with id {workflow_id} is already running") from None
+            if err.status == RPCStatusCode.INVALID_ARGUMENT:
+                if search_attributes and "search attribute" in err.message.lower():
+                    search_attributes = TypedSearchAttributes.empty
+                    continue
+                raise CliError(f"Temporal refused to start the {what}: {err.message}", code=EXIT_USAGE) from None
+            raise

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.store.sqlite import SQLiteRunStore
+from scripts.cluster import free_port as free_port
+from scripts.cluster import port_open as port_open
 from tests.fakes.dedupe_server import DedupeServer
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.types import AgentInput, AgentResult, Limits
@@ -39,20 +40,6 @@ TEMPORAL_CLI = Path(sys.executable).parent / "temporal"
 CRASH_TOOLS = "tests.fakes.crash_tools"
 ALLOW_ALL_POLICY = {"rules": [{"tool": "*", "decision": "allow"}]}
 SEARCH_ATTRIBUTES = ["AgentState=Keyword", "AgentPendingApprovals=Int", "AgentTenant=Keyword"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.3):
-            return True
-    except OSError:
-        return False
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
