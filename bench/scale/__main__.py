@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--start-concurrency", type=int, default=100)
     w.add_argument("--park-timeout", type=float, default=1800)
     w.add_argument("--approve-timeout", type=float, default=300)
+    w.add_argument(
+        "--max-cached", type=int, default=None, help="the worker's AGENT_MAX_CACHED_WORKFLOWS (default: its own)"
+    )
 
     d = sub.add_parser("durable-bytes", help="history + run store bytes of one long run vs the floor's history")
     d.add_argument("--turns", type=int, default=200)

@@ -59,6 +59,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 AGENT_PROVIDER_MODULES="bench.fixtures_scale",
                 AGENT_LOG_LEVEL="INFO",  # the default; its worker_started line marks it ready
                 AGENT_REAP_INTERVAL_S="0",
+                **({"AGENT_MAX_CACHED_WORKFLOWS": str(args.max_cached)} if args.max_cached is not None else {}),
             )
             proc = WorkerProc(env_vars, Path(tmp) / "worker.log")
             try:
@@ -147,13 +148,15 @@ async def _drive(
     rss_mb = parked["VmRSS"] / 1024
     p95 = pct(to_start, 0.95)
     proto = [h["proto_bytes"] for h in hist]
+    cache = args.max_cached if args.max_cached is not None else "1000 (the default)"
     report = {
         "bench": "waiting",
         "what": f"{args.runs} runs, each parked on the approval of one side-effecting tool call (default 'ask' "
-        "policy), in ONE worker.py process with the default cache settings (max_cached_workflows=1000); then "
+        f"policy), in ONE worker.py process with max_cached_workflows={cache}; then "
         f"{len(chosen)} decide(approve) updates sent at once to runs sampled across all of them",
         "machine": machine(),
         "runs": args.runs,
+        "max_cached_workflows": cache,
         "parked": waiting,
         "park_s": round(park_s, 1),
         "starts_per_s": round(args.runs / park_s, 1),
