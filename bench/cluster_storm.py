@@ -55,6 +55,7 @@ from tests.fakes.worker_proc import (
     cluster_worker_env,
     open_client_ports,
     orders_model,
+    recovery_times,
     write_policy,
 )
 from workflows.types import AgentInput, AgentResult, Limits
@@ -234,18 +235,7 @@ async def storm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     per_order = Counter(f"{e.json()['run']}#{e.json()['item']}" for e in effects)
     expected = args.runs * args.posts
     # Recovery as bench.kill_storm (tests/fakes/worker_proc.kill_storm) defines it.
-    recovery: list[float] = []
-    model_recovery: list[float] = []
-    model_calls = sorted(call for gate in gates for call in gate.calls)
-    for kill in killed:
-        for key in kill.in_flight:
-            resent = [d.at for d in writes if d.key == key and d.at > kill.at]
-            if resent:
-                recovery.append(round(min(resent) - kill.at, 2))
-        for run_task in kill.model_calls:
-            again = [at for at, t in model_calls if t == run_task and at > kill.at]
-            if again:
-                model_recovery.append(round(min(again) - kill.at, 2))
+    recovery, model_recovery = recovery_times(killed, writes, gates)
     postgres: dict[str, Any] = {"down_s_requested": args.pg_down}
     if outage:
         up = outage["up_at"]

@@ -70,7 +70,3 @@ class Workspace:
             duration_ms=taken.duration_ms,
         )
         return ""
-
-    async def checkpoint_quietly(self, sandbox: Any) -> None:
-        """After a failed tool: checkpoint if possible, say nothing more to the model."""
-        await self.checkpoint_after(sandbox)  # its note is dropped: the tool's own error is what the model reads

@@ -68,12 +68,11 @@ def is_mcp_name(name: str) -> bool:
 
 def model_name(server: str, tool: str, taken: set[str]) -> str:
     """``mcp__<server>__<tool>``, made of the characters model APIs accept and at most 64 of them, unique."""
-    name = f"{MCP_PREFIX}{server}__{_INVALID.sub('_', tool)}"
+    base = name = f"{MCP_PREFIX}{server}__{_INVALID.sub('_', tool)}"
     attempt = 0
     while len(name) > MAX_NAME_CHARS or name in taken:
         # Shortened or colliding: a suffix from the tool's own name (and a counter, should even that be taken).
         digest = hashlib.sha256(f"{tool}#{attempt}".encode() if attempt else tool.encode()).hexdigest()[:8]
-        base = f"{MCP_PREFIX}{server}__{_INVALID.sub('_', tool)}"
         name = f"{base[: MAX_NAME_CHARS - 9]}_{digest}"
         attempt += 1
     return name

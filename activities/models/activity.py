@@ -59,7 +59,7 @@ class _McpChoice:
 class ModelActivities:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._snapshots: dict[str, mcp_catalog.McpSnapshot] = {}
+        self._snapshots: dict[str, dict[str, mcp_catalog.McpToolDef]] = {}  # digest -> tools by name
 
     @activity.defn(name="run_config")
     @store_guarded
@@ -122,7 +122,7 @@ class ModelActivities:
         if not snapshot.tools:
             return _McpChoice(notes=notes)
         digest = await self._rt.store.put_blob(snapshot.encode())
-        self._snapshots[digest] = snapshot
+        self._remember(digest, snapshot)
         per_run = sorted({t.server for t in snapshot.tools if t.per_run})
         return _McpChoice(digest=digest, names=names, per_run=per_run, notes=notes)
 
@@ -130,18 +130,21 @@ class ModelActivities:
         """The run's MCP snapshot by name (cached; the store has it for any worker that runs the run)."""
         if not digest:
             return {}
-        snapshot = self._snapshots.get(digest)
-        if snapshot is None:
+        tools = self._snapshots.get(digest)
+        if tools is None:
             data = await self._rt.store.get_blob(digest)
             if data is None:
                 raise ApplicationError(
                     f"the run's MCP tool snapshot {digest} is not in the run store", type="SnapshotMissing"
                 )
-            snapshot = mcp_catalog.McpSnapshot.model_validate_json(data)
-            if len(self._snapshots) >= MAX_CACHED_SNAPSHOTS:
-                self._snapshots.pop(next(iter(self._snapshots)))
-            self._snapshots[digest] = snapshot
-        return snapshot.by_name()
+            tools = self._remember(digest, mcp_catalog.McpSnapshot.model_validate_json(data))
+        return tools
+
+    def _remember(self, digest: str, snapshot: mcp_catalog.McpSnapshot) -> dict[str, mcp_catalog.McpToolDef]:
+        if len(self._snapshots) >= MAX_CACHED_SNAPSHOTS:
+            self._snapshots.pop(next(iter(self._snapshots)))
+        tools = self._snapshots[digest] = snapshot.by_name()
+        return tools
 
     @activity.defn(name="model")
     @store_guarded
@@ -155,6 +158,7 @@ class ModelActivities:
             for entry in req.append:
                 await store.put_message(req.conversation_id, entry.seq, entry.message, {"run": run_id})
 
+            mcp_tools = await self._mcp_tools(req.mcp_snapshot)
             stored = await store.get_message(req.conversation_id, req.transcript_len)
             budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
             if stored is None:
@@ -162,9 +166,7 @@ class ModelActivities:
                 if budget is not None:
                     await self._reserve(budget, turn_key)
                 try:
-                    reply_message, meta = await self._call_provider(
-                        req, transcript, await self._mcp_tools(req.mcp_snapshot)
-                    )
+                    reply_message, meta = await self._call_provider(req, transcript, mcp_tools)
                 except BaseException:
                     if budget is not None:
                         await store.budget_release(budget.root, turn_key)
@@ -175,7 +177,6 @@ class ModelActivities:
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
-            mcp_tools = await self._mcp_tools(req.mcp_snapshot)
             turn = self._turn(req, stored.message, stored.meta, mcp_tools)
             if branch:
                 turn.conversation_id = branch

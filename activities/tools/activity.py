@@ -170,7 +170,7 @@ async def _execute_raw(
     except (ToolError, SandboxError) as exc:
         if workspace is not None and ctx.sandbox is not None and not isinstance(exc, SandboxMissing):
             # A failed tool may still have changed files (a command that wrote, then failed).
-            await workspace.checkpoint_quietly(ctx.sandbox)
+            await workspace.checkpoint_after(ctx.sandbox)  # its note is dropped: the model reads the error
         return f"Error: {exc}", True
 
 

@@ -349,6 +349,24 @@ class Kill:
     model_calls: list[str]  # tasks of the runs whose model call the victim had in flight
 
 
+def recovery_times(killed: list[Kill], writes: list[Any], gates: list[ModelGate]) -> tuple[list[float], list[float]]:
+    """Seconds from each kill to the re-send of every POST the victim had in flight, and to the next model
+    request of every run whose model call it had in flight (those that came again at all)."""
+    recovery: list[float] = []
+    model_recovery: list[float] = []
+    model_calls = sorted(call for gate in gates for call in gate.calls)
+    for kill in killed:
+        for key in kill.in_flight:
+            resent = [d.at for d in writes if d.key == key and d.at > kill.at]
+            if resent:
+                recovery.append(round(min(resent) - kill.at, 2))
+        for run_task in kill.model_calls:
+            again = [at for at, t in model_calls if t == run_task and at > kill.at]
+            if again:
+                model_recovery.append(round(min(again) - kill.at, 2))
+    return recovery, model_recovery
+
+
 @dataclass
 class StormReport:
     runs: int
@@ -505,18 +523,7 @@ async def kill_storm(
         order = effect.json()
         name = f"{order['run']}#{order['item']}"
         per_order[name] = per_order.get(name, 0) + 1
-    recovery: list[float] = []
-    model_recovery: list[float] = []
-    model_calls = sorted(call for gate in gates for call in gate.calls)
-    for kill in killed:
-        for key in kill.in_flight:
-            resent = [d.at for d in writes if d.key == key and d.at > kill.at]
-            if resent:
-                recovery.append(round(min(resent) - kill.at, 2))
-        for run_task in kill.model_calls:
-            again = [at for at, t in model_calls if t == run_task and at > kill.at]
-            if again:
-                model_recovery.append(round(min(again) - kill.at, 2))
+    recovery, model_recovery = recovery_times(killed, writes, gates)
     statuses: dict[str, int] = {}
     for result in results.values():
         statuses[result.status] = statuses.get(result.status, 0) + 1
