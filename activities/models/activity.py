@@ -26,6 +26,8 @@ from activities.mcp.pool import McpUnavailable
 from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
 from activities.redaction import redact
 from activities.runtime import Runtime
+from activities.store.base import StoredMessage
+from activities.store.transcript_cache import TranscriptCache
 from activities.store_errors import store_guarded
 from activities.subagents import resolve
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
@@ -60,6 +62,7 @@ class ModelActivities:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._snapshots: dict[str, dict[str, mcp_catalog.McpToolDef]] = {}  # digest -> tools by name
+        self._transcripts = TranscriptCache(runtime.store)
 
     @activity.defn(name="run_config")
     @store_guarded
@@ -152,17 +155,23 @@ class ModelActivities:
         with telemetry.activity_context(step=req.turn, turn=req.turn, model=req.model):
             store = self._rt.store
             run_id = activity.info().workflow_run_id or ""
-            branch = await self._branch_after_reset(req, run_id)
+            found = await store.get_message(req.conversation_id, req.transcript_len)
+            branch = await self._branch_after_reset(req, run_id, found)
             if branch:
                 req = req.model_copy(update={"conversation_id": branch})
             for entry in req.append:
-                await store.put_message(req.conversation_id, entry.seq, entry.message, {"run": run_id})
+                self._transcripts.remember(
+                    req.conversation_id,
+                    await store.put_message(req.conversation_id, entry.seq, entry.message, {"run": run_id}),
+                )
 
             mcp_tools = await self._mcp_tools(req.mcp_snapshot)
-            stored = await store.get_message(req.conversation_id, req.transcript_len)
+            # The turn's own position, written by an earlier attempt of this run (appends are all before it,
+            # so only a new branch can have changed what is there).
+            stored = await store.get_message(req.conversation_id, req.transcript_len) if branch else found
             budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
             if stored is None:
-                transcript = [m.message for m in await store.messages(req.conversation_id, req.transcript_len)]
+                transcript = await self._transcripts.messages(req.conversation_id, req.transcript_len)
                 if budget is not None:
                     await self._reserve(budget, turn_key)
                 try:
@@ -177,6 +186,7 @@ class ModelActivities:
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
+            self._transcripts.remember(req.conversation_id, stored)
             turn = self._turn(req, stored.message, stored.meta, mcp_tools)
             if branch:
                 turn.conversation_id = branch
@@ -184,7 +194,7 @@ class ModelActivities:
                 await store.budget_settle(budget.root, turn_key, turn.usage.total_tokens, turn.usage.cost_usd)
             return turn
 
-    async def _branch_after_reset(self, req: ModelRequest, run_id: str) -> str:
+    async def _branch_after_reset(self, req: ModelRequest, run_id: str, found: StoredMessage | None) -> str:
         """A new transcript branch when another run already wrote where this turn writes ("" otherwise).
 
         Within one run and across continue-as-new, a position is first written by the run that gets
@@ -194,7 +204,6 @@ class ModelActivities:
         Identical tool calls then get their recorded outcomes from the ledger (same idempotency keys).
         """
         store = self._rt.store
-        found = await store.get_message(req.conversation_id, req.transcript_len)
         writer = found.meta.get("run", "") if found is not None else ""
         if not writer or writer == run_id:  # entries stored before runs were recorded never branch
             return ""

@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("overhead", help="wall time per run of N turns, ours vs the floor")
     o.add_argument("--turns", type=int, nargs="+", default=[10, 50, 200])
-    o.add_argument("--repeat", type=int, default=2, help="floor, ours pairs per turn count")
+    o.add_argument("--repeat", type=int, default=5, help="floor, ours pairs per turn count")
     o.add_argument("--kb", type=int, default=10)
 
     t = sub.add_parser("throughput", help="concurrent runs through several workers: runs/s, activities/s")
