@@ -26,6 +26,7 @@ from activities.sandbox.factory import backend_for
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url
+from activities.store.transcript_cache import TranscriptCache
 from activities.subagents import load_subagents
 from activities.tools.registry import RESERVED_NAMES, ToolRegistry
 from workflows.types import SubagentDef
@@ -45,6 +46,7 @@ class Runtime:
     mcp: McpPool = field(default_factory=lambda: McpPool(McpConfig()))  # AGENT_MCP_CONFIG's servers
     _sandbox_backend: SandboxBackend | None = field(default=None, repr=False)
     _store: RunStore | None = field(default=None, repr=False)
+    _transcripts: TranscriptCache | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(
@@ -85,6 +87,13 @@ class Runtime:
             self._store = open_store(self.settings.store_url)
         return self._store
 
+    @property
+    def transcripts(self) -> TranscriptCache:
+        """Transcript prefixes this worker read or wrote, shared by the model and tool activities."""
+        if self._transcripts is None:
+            self._transcripts = TranscriptCache(self.store)
+        return self._transcripts
+
     def sandbox_backend(self) -> SandboxBackend:
         """The configured backend; raises ``SandboxUnavailable`` if it cannot isolate."""
         if self._sandbox_backend is None:
@@ -120,5 +129,6 @@ class Runtime:
         await pool.aclose()
         await self.providers.aclose()
         store, self._store = self._store, None
+        self._transcripts = None
         if store is not None:
             await store.close()

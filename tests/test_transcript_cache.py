@@ -40,7 +40,7 @@ def contents(messages: list[Message]) -> list[str]:
 
 async def test_a_turn_reads_only_the_entries_past_what_it_has(store: RunStore) -> None:
     spy = ReadLog(store)
-    cache = TranscriptCache(spy)  # type: ignore[arg-type]
+    cache = TranscriptCache(spy)
     await fill(store, "c", range(5))
     assert contents(await cache.messages("c", 5)) == ["0", "1", "2", "3", "4"]
     # Two more entries written elsewhere (another worker): only those two are read.
@@ -56,7 +56,7 @@ async def test_a_turn_reads_only_the_entries_past_what_it_has(store: RunStore) -
 
 async def test_what_the_worker_writes_itself_is_not_read_back(store: RunStore) -> None:
     spy = ReadLog(store)
-    cache = TranscriptCache(spy)  # type: ignore[arg-type]
+    cache = TranscriptCache(spy)
     await fill(store, "c", range(2))
     await cache.messages("c", 2)
     cache.remember("c", await store.put_message("c", 2, Message(role="assistant", content="reply"), {}))
@@ -86,7 +86,7 @@ async def test_reads_longer_than_a_page_come_back_whole(store: RunStore, monkeyp
 async def test_the_bound_evicts_the_least_recently_used_conversation(store: RunStore) -> None:
     spy = ReadLog(store)
     one_entry = len("0") + 512
-    cache = TranscriptCache(spy, max_chars=4 * one_entry)  # type: ignore[arg-type]
+    cache = TranscriptCache(spy, max_chars=4 * one_entry)
     await fill(store, "a", range(2))
     await fill(store, "b", range(2))
     await fill(store, "big", range(5))

@@ -27,7 +27,6 @@ from activities.models.base import FatalProviderError, ProviderReply, RetryableP
 from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.store.base import StoredMessage
-from activities.store.transcript_cache import TranscriptCache
 from activities.store_errors import store_guarded
 from activities.subagents import resolve
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
@@ -62,7 +61,6 @@ class ModelActivities:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._snapshots: dict[str, dict[str, mcp_catalog.McpToolDef]] = {}  # digest -> tools by name
-        self._transcripts = TranscriptCache(runtime.store)
 
     @activity.defn(name="run_config")
     @store_guarded
@@ -160,7 +158,7 @@ class ModelActivities:
             if branch:
                 req = req.model_copy(update={"conversation_id": branch})
             for entry in req.append:
-                self._transcripts.remember(
+                self._rt.transcripts.remember(
                     req.conversation_id,
                     await store.put_message(req.conversation_id, entry.seq, entry.message, {"run": run_id}),
                 )
@@ -171,7 +169,7 @@ class ModelActivities:
             stored = await store.get_message(req.conversation_id, req.transcript_len) if branch else found
             budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
             if stored is None:
-                transcript = await self._transcripts.messages(req.conversation_id, req.transcript_len)
+                transcript = await self._rt.transcripts.messages(req.conversation_id, req.transcript_len)
                 if budget is not None:
                     await self._reserve(budget, turn_key)
                 try:
@@ -186,7 +184,7 @@ class ModelActivities:
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
-            self._transcripts.remember(req.conversation_id, stored)
+            self._rt.transcripts.remember(req.conversation_id, stored)
             turn = self._turn(req, stored.message, stored.meta, mcp_tools)
             if branch:
                 turn.conversation_id = branch

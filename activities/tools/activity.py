@@ -104,6 +104,7 @@ async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> To
     if workspace is not None and workspace.checkpoint:
         meta["checkpoint"] = workspace.checkpoint
     stored = await store.put_message(inv.conversation_id, inv.seq, result, meta)
+    runtime.transcripts.remember(inv.conversation_id, stored)
     return outcome_of(stored.message, stored.meta)
 
 
