@@ -37,7 +37,8 @@ import structlog
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
@@ -55,7 +56,23 @@ from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
 
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
+WORKFLOW_MODULE = AgentWorkflow.__module__
 log = structlog.get_logger("plugin")
+
+
+def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
+    """The worker's sandbox, with ``AgentWorkflow``'s module imported once instead of once per run.
+
+    The sandbox re-imports a workflow's own module for every run it starts or replays, to isolate
+    module-level state. ``workflows.agent`` keeps none (constants only; each run's state is on its
+    instance), and its code objects were most of what a cached run cost beyond a bare workflow
+    (~190 KB each). The sandbox's runtime restrictions (no I/O, no clocks, no threads) still apply
+    to its code, as they do to the ``workflows`` modules it already imports passed through.
+    """
+    runner = runner if runner is not None else SandboxedWorkflowRunner()
+    if not isinstance(runner, SandboxedWorkflowRunner):  # an embedding application chose otherwise
+        return runner
+    return dataclasses.replace(runner, restrictions=runner.restrictions.with_passthrough_modules(WORKFLOW_MODULE))
 
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
@@ -123,6 +140,7 @@ class DurableAgentsPlugin(SimplePlugin):
             data_converter=with_pydantic,
             workflows=[AgentWorkflow],
             activities=all_activities(self.runtime),
+            workflow_runner=share_workflow_module,
         )
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:

@@ -7,10 +7,12 @@ import uuid
 from dataclasses import replace
 
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.settings import SandboxSettings, Settings
 from durable_agents import DurableAgentsPlugin
+from durable_agents.plugin import share_workflow_module
 
 
 def reaper_tasks() -> list[asyncio.Task[object]]:
@@ -37,3 +39,18 @@ async def test_no_reaper_when_the_interval_is_zero(dev_env: WorkflowEnvironment,
     async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
         await asyncio.sleep(0.1)
         assert reaper_tasks() == []
+
+
+async def test_workers_share_the_agent_workflow_module_across_runs(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    plugin = DurableAgentsPlugin(settings, reaper=False, search_attributes=False)
+    worker = Worker(dev_env.client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", plugins=[plugin])
+    runner = worker.config(active_config=True)["workflow_runner"]
+    assert isinstance(runner, SandboxedWorkflowRunner)
+    assert "workflows.agent" in runner.restrictions.passthrough_modules
+    # Every other restriction is the default sandbox's.
+    assert runner.restrictions.invalid_module_members == SandboxRestrictions.default.invalid_module_members
+    # An application that chose to run its workflows unsandboxed keeps its choice.
+    own = UnsandboxedWorkflowRunner()
+    assert share_workflow_module(own) is own

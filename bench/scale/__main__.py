@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("waiting", help="N runs waiting for approval on one worker: RSS, approval latency")
     w.add_argument("--runs", type=int, default=10_000)
     w.add_argument("--approvals", type=int, default=500)
+    w.add_argument("--systems", nargs="+", choices=waiting.SYSTEMS, default=list(waiting.SYSTEMS))
     w.add_argument("--start-concurrency", type=int, default=100)
     w.add_argument("--park-timeout", type=float, default=1800)
     w.add_argument("--approve-timeout", type=float, default=300)

@@ -120,12 +120,13 @@ def cluster_worker_env(*, llm_url: str, policy_file: Path, **extra: str) -> dict
 class WorkerProc:
     """One ``worker.py`` process; ``kill()`` is a real SIGKILL (no cleanup, no graceful shutdown)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, argv: list[str] | None = None) -> None:
+        """``argv`` runs another worker program (it too must print ``worker_started`` when it polls)."""
         self.env = env
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in _closed)
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "worker.py")],
+            argv or [sys.executable, str(ROOT / "worker.py")],
             env=env,
             cwd=ROOT,
             stdout=self._log,
