@@ -163,7 +163,7 @@ async def test_cancelling_a_command_kills_it(
     with pytest.raises(asyncio.CancelledError):
         await task
     if cloud is not None:
-        assert cloud.handles[-1].killed
+        assert [h for h in cloud.handles if "sleep infinity" in h.cmd][-1].killed
 
 
 # --- commands and files ---------------------------------------------------------------
@@ -213,10 +213,12 @@ async def test_output_caps_flooding_and_timeouts(backends: Backends, fake: FakeC
     fake.responder = lambda vm, argv, cwd, stdin: (0, "y" * 3_000_000, "") if argv[:1] == ["flood"] else None
     flood = await box.run(["flood"])
     assert flood.exit_code == -9 and flood.truncated and "printed more than 200000 bytes" in flood.stderr
-    assert fake.handles[-1].killed
+    assert [h for h in fake.handles if "flood" in h.cmd][-1].killed
     slow = await box.run(["sleep", "100"], timeout_s=60)  # capped at the backend's 5 s
     assert slow.timed_out and "(timed out)" in slow.render()
-    assert fake.vms[box.ref].commands[-1].cmd.startswith("timeout --verbose -k 2 5 sleep 100")
+    *_, command, group_kill = fake.vms[box.ref].commands  # a timed-out command's process group is killed too
+    assert command.cmd.startswith("exec timeout --verbose -k 2 5 sleep 100")
+    assert group_kill.cmd.startswith("kill -KILL -- -") and group_kill.user == "root"
 
 
 # --- error mapping ------------------------------------------------------------------

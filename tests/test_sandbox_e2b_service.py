@@ -10,6 +10,7 @@ envd's ``cwd`` check. The tests that do not need the fake's controls also run ag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -88,15 +89,29 @@ async def test_a_paused_or_cut_stream_is_reported_as_sandbox_unavailable(
     fake.pause(box.ref)  # the SDK raises a plain TimeoutException for the cancelled stream
     with pytest.raises(SandboxMissing, match="unavailable"):
         await task
-    again = await backend.connect("sbx-cut")  # connect resumes it
+    again = await backend.connect("sbx-cut")  # connect resumes it; the paused command resumes under its timeout(1)
     assert fake.vms[again.ref].state == "running"
     task = asyncio.create_task(again.run(["sleep", "infinity"], timeout_s=15))
     await started(again, task, fake)
+    group = fake.handles[-1].pid
     fake.cut_streams(again.ref)  # the proxy cut it, the VM runs on: not a timeout, and the command is stopped
     with pytest.raises(SandboxError, match="unavailable") as caught:
         await task
     assert not isinstance(caught.value, SandboxMissing)
-    assert await still_running(again, fake, "sleep infinity") == []
+
+    def in_group() -> list[int]:
+        found = []
+        for pid, _cmd in fake.processes(again.ref):
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == group:
+                    found.append(pid)
+        return found
+
+    for _ in range(200):  # SIGKILL is sent; wait (bounded) for the kernel to act on it
+        if not in_group():
+            break
+        await asyncio.sleep(0.02)
+    assert in_group() == []
 
 
 # --- 3. read_file checks the size before downloading ------------------------------------------
@@ -156,10 +171,11 @@ async def test_an_unknown_create_outcome_is_looked_up_then_retried_with_a_new_ke
         vm.metadata["da_sandbox"] = "sbx-unknown"
     else:
         box = await backend.create("sbx-unknown", metadata=meta("c"))
-    assert box.ref in [vm.sandbox_id for vm in fake.alive(da_sandbox="sbx-unknown")]
-    assert (await backend.connect("sbx-unknown")).ref == sorted(
-        fake.alive(da_sandbox="sbx-unknown"), key=lambda v: v.started_at
-    )[0].sandbox_id
+    alive = [vm.sandbox_id for vm in fake.alive(da_sandbox="sbx-unknown")]
+    assert box.ref in alive and len(alive) == (2 if created else 1)  # created: the lost one, and a new key's
+    other = E2BSandboxBackend(fake.api_key, backend.config, sdk=fake.sdk())  # another worker: no cached id
+    assert (await other.connect("sbx-unknown")).ref == alive[0]  # the oldest is kept...
+    assert [vm.sandbox_id for vm in fake.alive(da_sandbox="sbx-unknown")] == [alive[0]]  # ...the duplicate killed
 
 
 # --- 5. paused sandboxes -------------------------------------------------------------------------------

@@ -120,8 +120,10 @@ class FakeCommandHandle:
         on_stdout: Callable[[str], Any] | None,
         on_stderr: Callable[[str], Any] | None,
         proc: asyncio.subprocess.Process | None = None,
+        cmd: str = "",
     ) -> None:
         self._cloud, self.vm = cloud, vm
+        self.cmd = cmd
         self.pid = pid
         self._answer = answer
         self._on_stdout, self._on_stderr = on_stdout, on_stderr
@@ -235,7 +237,7 @@ class FakeCommands:
         answer, real = self._interpret(vm, cmd, envs or {}, workdir)
         proc = await self._spawn(vm, real, workdir) if real is not None else None
         pid = proc.pid if proc is not None else self._cloud.new_pid()
-        handle = FakeCommandHandle(self._cloud, vm, pid, answer, on_stdout, on_stderr, proc)
+        handle = FakeCommandHandle(self._cloud, vm, pid, answer, on_stdout, on_stderr, proc, cmd)
         self._cloud.handles.append(handle)
         if background:
             return handle
