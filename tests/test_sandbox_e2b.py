@@ -6,7 +6,7 @@ parameter (no monkeypatching of the SDK).
 
 Against real E2B, with a key (this creates and kills a few short-lived VMs):
 
-    E2B_API_KEY=e2b_... AGENT_TEST_REAL_E2B=1 .venv/bin/pytest tests/test_sandbox_e2b.py
+    E2B_API_KEY=e2b_... AGENT_TEST_REAL_E2B=1 .venv/bin/pytest tests/test_sandbox_e2b*.py
 
 The tests that need the fake (injected failures, lost responses, simulated expiry,
 inspecting what the cloud recorded) are skipped in that mode; the others —

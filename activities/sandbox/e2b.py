@@ -21,7 +21,11 @@ the reaper can kill the VMs of closed runs.
   :class:`SandboxUnavailable` (fail closed); a VM that is gone raises
   :class:`SandboxMissing`; the rest raise :class:`SandboxError` (the model sees it).
   The API key is redacted from every message and exception chains are cut.
+* Commands and file reads: ``activities.sandbox.e2b_commands`` (process-group kills, cut streams,
+  size-checked reads); creating under the idempotency key: ``activities.sandbox.e2b_lifecycle``.
 * Workspace checkpoints: ``activities.sandbox.e2b_checkpoints`` (archives in and out of the VM).
+* ``AGENT_E2B_TIMEOUT_S`` is clamped to ``AGENT_E2B_MAX_TIMEOUT_S`` (the plan's cap); a paused VM is
+  resumed on connect, one that cannot be (unresponsive guest) is rebooted once, then killed.
 * No worker environment variable ever reaches the VM: ``envs={}`` at create and
   on every command.
 
