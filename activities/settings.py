@@ -92,6 +92,8 @@ class E2BConfig:
 
     template: str = "base"
     timeout_s: int = 3600  # VM lifetime after its last use (E2B caps it: 1 h Hobby, 24 h Pro)
+    # AGENT_E2B_MAX_TIMEOUT_S: the plan's cap; timeout_s is clamped to it (default: Hobby's 1 h, the safe side)
+    max_timeout_s: int = 3600
     internet: bool = False
     request_timeout_s: float = 30.0  # per control-plane / file request
     limits: LocalLimits = field(default_factory=LocalLimits)  # per-command wall time and output caps
@@ -347,6 +349,7 @@ def _e2b(reader: _Reader, limits: LocalLimits) -> E2BConfig:
     return E2BConfig(
         template=reader.text("AGENT_E2B_TEMPLATE") or E2BConfig.template,
         timeout_s=reader.integer("AGENT_E2B_TIMEOUT_S", E2BConfig.timeout_s, low=1, high=30 * 24 * 3600),
+        max_timeout_s=reader.integer("AGENT_E2B_MAX_TIMEOUT_S", E2BConfig.max_timeout_s, low=60, high=30 * 24 * 3600),
         internet=reader.text("AGENT_E2B_INTERNET").lower() in _TRUE,
         limits=limits,
     )

@@ -6,7 +6,7 @@ parameter (no monkeypatching of the SDK).
 
 Against real E2B, with a key (this creates and kills a few short-lived VMs):
 
-    E2B_API_KEY=e2b_... AGENT_TEST_REAL_E2B=1 .venv/bin/pytest tests/test_sandbox_e2b.py
+    E2B_API_KEY=e2b_... AGENT_TEST_REAL_E2B=1 .venv/bin/pytest tests/test_sandbox_e2b*.py
 
 The tests that need the fake (injected failures, lost responses, simulated expiry,
 inspecting what the cloud recorded) are skipped in that mode; the others —
@@ -18,11 +18,9 @@ cancel, reaping, the empty environment — run against real VMs
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import e2b
 import httpx
@@ -30,8 +28,6 @@ import pytest
 from pydantic import SecretStr
 
 from activities.sandbox.base import (
-    META_RUN,
-    META_TENANT,
     RECREATED_NOTE,
     SandboxError,
     SandboxMissing,
@@ -54,89 +50,19 @@ from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, E2BConfig, SandboxSettings, Settings
 from activities.tools import ToolContext, ToolError
 from activities.tools.builtins import RunShellArgs, run_shell
+from tests.e2b_support import (  # noqa: F401  (the *_fixture names register the fixtures)
+    REAL,
+    Backends,
+    backend_fixture,
+    backends_fixture,
+    cloud_fixture,
+    fake_fixture,
+    meta,
+    rate_limit,
+    vms_for,
+)
 from tests.fakes.fake_e2b import FakeCloud
 from workflows.types import ToolInvocation
-
-REAL = os.environ.get("AGENT_TEST_REAL_E2B", "") == "1"
-
-
-def real_key() -> str:
-    key = os.environ.get("E2B_API_KEY", "")
-    if not key:
-        pytest.fail("AGENT_TEST_REAL_E2B=1 needs E2B_API_KEY")
-    return key
-
-
-@pytest.fixture
-def cloud() -> FakeCloud | None:
-    return None if REAL else FakeCloud()
-
-
-@pytest.fixture
-def fake(cloud: FakeCloud | None) -> FakeCloud:
-    """The fake cloud, for tests that inject failures or inspect its state (skipped against real E2B)."""
-    if cloud is None:
-        pytest.skip("needs the fake E2B cloud (failure injection / state inspection)")
-    return cloud
-
-
-class Backends:
-    """Makes backends sharing one cloud (two instances = two workers) and kills what the test created."""
-
-    def __init__(self, cloud: FakeCloud | None) -> None:
-        self.cloud = cloud
-        self.created: set[str] = set()
-        self.made: list[E2BSandboxBackend] = []
-
-    def new(self, *, key: str | None = None, limits: LocalLimits | None = None) -> E2BSandboxBackend:
-        config = E2BConfig() if not REAL else Settings.from_env().sandbox.e2b
-        config = E2BConfig(
-            template=config.template,
-            timeout_s=600 if REAL else 3600,
-            internet=False,
-            limits=limits or LocalLimits(timeout_s=20, output_bytes=64 * 1024),
-        )
-        if self.cloud is None:
-            backend = E2BSandboxBackend(key or real_key(), config)
-        else:
-            backend = E2BSandboxBackend(key or self.cloud.api_key, config, sdk=self.cloud.sdk())
-        self.made.append(backend)
-        return backend
-
-    def sandbox_id(self) -> str:
-        sid = f"sbx-test-{uuid.uuid4().hex[:16]}"
-        self.created.add(sid)
-        return sid
-
-
-@pytest.fixture
-async def backends(cloud: FakeCloud | None) -> AsyncIterator[Backends]:
-    made = Backends(cloud)
-    yield made
-    if made.made:
-        cleaner = made.made[0]
-        for sid in made.created:
-            with contextlib.suppress(SandboxError, SandboxTransient):
-                await cleaner.kill(sid)
-
-
-@pytest.fixture
-def backend(backends: Backends) -> E2BSandboxBackend:
-    return backends.new()
-
-
-def rate_limit() -> Exception:
-    """The SDK's 429 (its constructor is untyped)."""
-    return e2b.RateLimitException("429: Rate limit exceeded, please try again later.")  # type: ignore[no-untyped-call]
-
-
-def meta(run: str, tenant: str = "acme") -> dict[str, str]:
-    return {META_RUN: run, META_TENANT: tenant}
-
-
-async def vms_for(backend: E2BSandboxBackend, sandbox_id: str) -> list[str]:
-    return [r.ref for r in await backend.list_sandboxes() if r.sandbox_id == sandbox_id]
-
 
 # --- create / connect / kill ---------------------------------------------------------------
 
@@ -237,7 +163,7 @@ async def test_cancelling_a_command_kills_it(
     with pytest.raises(asyncio.CancelledError):
         await task
     if cloud is not None:
-        assert cloud.handles[-1].killed
+        assert [h for h in cloud.handles if "sleep infinity" in h.cmd][-1].killed
 
 
 # --- commands and files ---------------------------------------------------------------
@@ -287,10 +213,12 @@ async def test_output_caps_flooding_and_timeouts(backends: Backends, fake: FakeC
     fake.responder = lambda vm, argv, cwd, stdin: (0, "y" * 3_000_000, "") if argv[:1] == ["flood"] else None
     flood = await box.run(["flood"])
     assert flood.exit_code == -9 and flood.truncated and "printed more than 200000 bytes" in flood.stderr
-    assert fake.handles[-1].killed
+    assert [h for h in fake.handles if "flood" in h.cmd][-1].killed
     slow = await box.run(["sleep", "100"], timeout_s=60)  # capped at the backend's 5 s
     assert slow.timed_out and "(timed out)" in slow.render()
-    assert fake.vms[box.ref].commands[-1].cmd.startswith("timeout --verbose -k 2 5 sleep 100")
+    *_, command, group_kill = fake.vms[box.ref].commands  # a timed-out command's process group is killed too
+    assert command.cmd.startswith("exec timeout --verbose -k 2 5 sleep 100")
+    assert group_kill.cmd.startswith("kill -KILL -- -") and group_kill.user == "root"
 
 
 # --- error mapping ------------------------------------------------------------------

@@ -21,7 +21,11 @@ the reaper can kill the VMs of closed runs.
   :class:`SandboxUnavailable` (fail closed); a VM that is gone raises
   :class:`SandboxMissing`; the rest raise :class:`SandboxError` (the model sees it).
   The API key is redacted from every message and exception chains are cut.
+* Commands and file reads: ``activities.sandbox.e2b_commands`` (process-group kills, cut streams,
+  size-checked reads); creating under the idempotency key: ``activities.sandbox.e2b_lifecycle``.
 * Workspace checkpoints: ``activities.sandbox.e2b_checkpoints`` (archives in and out of the VM).
+* ``AGENT_E2B_TIMEOUT_S`` is clamped to ``AGENT_E2B_MAX_TIMEOUT_S`` (the plan's cap); a paused VM is
+  resumed on connect, one that cannot be (unresponsive guest) is rebooted once, then killed.
 * No worker environment variable ever reaches the VM: ``envs={}`` at create and
   on every command.
 
@@ -36,11 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import posixpath
-import shlex
-import time
 import uuid
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
@@ -51,11 +52,9 @@ from pydantic import SecretStr
 
 from activities.redaction import redact
 from activities.sandbox.base import (
-    MAX_READ_BYTES,
     META_RUN,
     META_TENANT,
     WORKSPACE,
-    CommandResult,
     Connection,
     SandboxError,
     SandboxMissing,
@@ -66,6 +65,14 @@ from activities.sandbox.base import (
     workspace_relative,
 )
 from activities.sandbox.e2b_checkpoints import E2BCheckpoints
+from activities.sandbox.e2b_commands import E2BCommands
+from activities.sandbox.e2b_lifecycle import (
+    IdempotencyConflict,
+    body_nonce,
+    create_with_key,
+    idempotency_kind,
+)
+from activities.sandbox.e2b_lifecycle import idempotency_key as idempotency_key  # re-exported
 from activities.settings import E2BConfig
 
 log = logging.getLogger(__name__)
@@ -77,15 +84,6 @@ META_APP_KEY = "da_app"
 META_SANDBOX_KEY = "da_sandbox"
 META_RUN_KEY = "da_run"
 META_TENANT_KEY = "da_tenant"
-KILL_AFTER_S = 2  # `timeout -k`: SIGKILL this long after the SIGTERM at the deadline
-TIMEOUT_MARK = "timeout: sending signal "  # what `timeout --verbose` prints when the deadline passes
-STREAM_SLACK_S = 30  # the SDK's stream timeout: the command's own deadline plus this
-
-
-def idempotency_key(sandbox_id: str, nonce: str = "") -> str:
-    """The ``Idempotency-Key`` for creating ``sandbox_id`` (E2B wants ``[a-z0-9-]{1,255}``)."""
-    digest = hashlib.sha256(f"{sandbox_id}\0{nonce}".encode()).hexdigest()[:48]
-    return f"da-{digest}"
 
 
 def _started(info: Any) -> tuple[float, str]:
@@ -94,32 +92,7 @@ def _started(info: Any) -> tuple[float, str]:
     return stamp, str(info.sandbox_id)
 
 
-class _Capture:
-    """Keeps the first ``cap`` bytes of a stream the SDK hands over as text; sets ``flooded`` past ``drain``."""
-
-    def __init__(self, cap: int, drain: int, flooded: asyncio.Event) -> None:
-        self.cap, self.drain, self.flooded = cap, drain, flooded
-        self.data = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: str) -> None:
-        raw = chunk.encode("utf-8", errors="replace")
-        self.total += len(raw)
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += raw[:room]
-        if self.total > self.drain:
-            self.flooded.set()
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.data)
-
-    def text(self) -> str:
-        return bytes(self.data).decode("utf-8", errors="replace")
-
-
-class E2BSandbox(E2BCheckpoints):
+class E2BSandbox(E2BCommands, E2BCheckpoints):
     """One run's VM; ``sandbox_id`` is the logical id, ``ref`` E2B's.
 
     Workspace checkpoints (``scan_workspace``, ``read_workspace_files``, ``apply_workspace``, the
@@ -141,94 +114,6 @@ class E2BSandbox(E2BCheckpoints):
             raise SandboxError(f"path {path!r} escapes the workspace (via '..'); access refused")
         return posixpath.join(WORKSPACE, normal) if normal != "." else WORKSPACE
 
-    async def run(
-        self, argv: list[str], *, stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = ""
-    ) -> CommandResult:
-        """Run ``argv`` in the VM under ``/workspace`` (coreutils ``timeout`` enforces the wall time)."""
-        if not argv:
-            raise SandboxError("empty command")
-        if timeout_s <= 0:
-            raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
-        limits = self._backend.config.limits
-        wall = min(timeout_s, limits.timeout_s)
-        workdir = self._path(cwd, allow_root=True) if cwd else WORKSPACE
-        # --verbose: coreutils says on stderr when it had to signal the command (how a timeout is told apart)
-        command = shlex.join(["timeout", "--verbose", "-k", str(KILL_AFTER_S), f"{wall:g}", *argv])
-        stdin_path = ""
-        if stdin:
-            stdin_path = f"/tmp/.da-stdin-{uuid.uuid4().hex}"
-            await self._backend.sdk_call("write stdin", self._vm.files.write(stdin_path, stdin))
-            quoted = shlex.quote(stdin_path)
-            command = f"{command} < {quoted}; rc=$?; rm -f {quoted}; exit $rc"
-        flooded = asyncio.Event()
-        out = _Capture(limits.output_bytes, limits.drain_bytes, flooded)
-        err = _Capture(limits.output_bytes, limits.drain_bytes, flooded)
-        started = time.monotonic()
-        handle = await self._backend.sdk_call(
-            "start command",
-            self._vm.commands.run(
-                command,
-                background=True,
-                envs={},  # never the worker's environment
-                cwd=workdir,
-                on_stdout=out.feed,
-                on_stderr=err.feed,
-                timeout=wall + KILL_AFTER_S + STREAM_SLACK_S,
-                retain_output=False,
-            ),
-        )
-        exit_code, flooding, sdk_timeout = await self._wait(handle, flooded)
-        elapsed = time.monotonic() - started
-        stderr = err.text()
-        signalled = TIMEOUT_MARK in stderr
-        if signalled:
-            stderr = "".join(line for line in stderr.splitlines(keepends=True) if TIMEOUT_MARK not in line)
-        timed_out = sdk_timeout or (exit_code in (124, 128 + 9) and signalled)
-        note = ""
-        if timed_out:
-            exit_code = -9
-        if flooding:
-            exit_code = -9
-            note = f"\n[sandbox] killed: printed more than {limits.drain_bytes} bytes of output"
-        return CommandResult(
-            exit_code=exit_code,
-            stdout=out.text(),
-            stderr=stderr + note,
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-            duration_ms=int(elapsed * 1000),
-        )
-
-    async def _wait(self, handle: Any, flooded: asyncio.Event) -> tuple[int, bool, bool]:
-        """(exit code, killed for flooding, the SDK's stream deadline passed)."""
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(handle.wait())
-        watch = asyncio.ensure_future(flooded.wait())
-        try:
-            await asyncio.wait({waiter, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not waiter.done():  # flooded: stop it, then collect its end
-                await self._backend.sdk_call("kill command", handle.kill())
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(waiter), 10)
-                return -9, True, False
-            failure = waiter.exception()
-            if failure is None:
-                return int(waiter.result().exit_code), False, False
-            if isinstance(failure, e2b.CommandExitException):
-                return int(failure.exit_code), False, False
-            if isinstance(failure, e2b.TimeoutException) and not isinstance(
-                failure, e2b.SandboxNotRunningException | e2b.SandboxUnreachableException
-            ):
-                return -9, False, True  # the SDK's stream deadline: the command outlived its own timeout
-            if isinstance(failure, SandboxError | SandboxTransient):
-                raise failure
-            raise self._backend.translate(failure, "run command")
-        finally:
-            watch.cancel()
-            if not waiter.done():  # cancelled (activity cancellation): do not leave it running
-                waiter.cancel()
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(handle.kill())
-
     async def write_file(self, path: str, content: bytes) -> None:
         """Write ``content`` at ``path`` (workspace-relative); the SDK creates parent directories."""
         limit = self._backend.config.limits.fsize_mb * 1024 * 1024
@@ -236,27 +121,9 @@ class E2BSandbox(E2BCheckpoints):
             raise SandboxError(f"{len(content)} bytes is over the sandbox's {limit}-byte file size limit")
         await self._backend.sdk_call(f"write {path!r}", self._vm.files.write(self._path(path), content))
 
-    async def read_file(self, path: str) -> bytes:
-        """Bytes of ``path`` (workspace-relative); files over 1 MiB are refused."""
-        full = self._path(path)
-
-        async def read() -> Any:
-            try:
-                return await self._vm.files.read(full, format="bytes")
-            except e2b.FileNotFoundException:
-                raise SandboxError(f"no such file: {path!r}") from None
-
-        data = await self._backend.sdk_call(f"read {path!r}", read())
-        if len(data) > MAX_READ_BYTES:
-            raise SandboxError(
-                f"{path!r} is {len(data)} bytes; read_file returns at most {MAX_READ_BYTES} bytes (1 MiB). "
-                "Read a part of it with a command instead (e.g. head -c)."
-            )
-        return bytes(data)
-
     async def extend(self, seconds: int | None = None) -> None:
         """Push the VM's expiry to now + ``seconds`` (default ``AGENT_E2B_TIMEOUT_S``)."""
-        timeout = seconds or self._backend.config.timeout_s
+        timeout = min(seconds or self._backend.timeout_s, self._backend.timeout_s)
         await self._backend.sdk_call("extend timeout", self._vm.set_timeout(timeout))
 
     async def kill(self) -> None:
@@ -281,6 +148,15 @@ class E2BSandboxBackend:
         self.config = config or E2BConfig()
         self.sdk: Any = e2b.AsyncSandbox if sdk is None else sdk
         self._refs: dict[str, str] = {}  # logical id -> E2B id, as last seen by this worker
+        # E2B refuses a timeout over the plan's cap on every create and connect: clamp it, say so once
+        self.timeout_s = min(self.config.timeout_s, self.config.max_timeout_s)
+        if self.timeout_s < self.config.timeout_s:
+            log.warning(
+                "AGENT_E2B_TIMEOUT_S=%d is over AGENT_E2B_MAX_TIMEOUT_S=%d (the E2B plan's cap); using %d s",
+                self.config.timeout_s,
+                self.config.max_timeout_s,
+                self.timeout_s,
+            )
 
     def __repr__(self) -> str:
         return f"E2BSandboxBackend(template={self.config.template!r}, sdk={getattr(self.sdk, '__name__', self.sdk)!r})"
@@ -307,6 +183,11 @@ class E2BSandboxBackend:
         if isinstance(exc, e2b.TimeoutException | httpx.TransportError | OSError | asyncio.TimeoutError):
             return SandboxTransient(text)
         status = getattr(exc, "status_code", None)
+        if status in (400, 422) and "timeout" in str(exc).lower():  # the plan's cap is lower than configured
+            return SandboxUnavailable(
+                f"{text} (the sandbox timeout of {self.timeout_s} s is over what this E2B team's plan allows: "
+                "set AGENT_E2B_MAX_TIMEOUT_S to the plan's cap, 3600 on Hobby, 86400 on Pro)"
+            )
         if isinstance(status, int) and (status >= 500 or status in (408, 409, 425)):
             return SandboxTransient(text)
         return SandboxError(text)
@@ -348,10 +229,40 @@ class E2BSandboxBackend:
         return found[0] if found else None
 
     async def _attach(self, sandbox_id: str, ref: str) -> E2BSandbox:
-        """Connect to VM ``ref``; the connect's ``timeout`` extends its life to now + ``timeout_s``."""
-        vm = await self.sdk_call("connect", self.sdk.connect(ref, timeout=self.config.timeout_s, **self._opts))
+        """Connect to VM ``ref``; the connect's ``timeout`` extends its life to now + ``timeout_s``.
+
+        A paused VM is resumed by the connect. One paused while its guest agent did not answer is refused
+        with ``GuestUnresponsiveException`` (a 409, which would otherwise be retried forever): it is tried
+        once more with ``on_resume="reboot"`` (a cold boot: files kept, processes lost), and if that fails
+        too it is killed and reported missing, so ``connect_or_recreate`` makes a fresh one.
+        """
+
+        async def connect() -> Any:
+            try:
+                return await self.sdk.connect(ref, timeout=self.timeout_s, **self._opts)
+            except e2b.GuestUnresponsiveException:
+                log.warning("E2B sandbox %s (%s) cannot be resumed as it was; rebooting it", ref, sandbox_id)
+            try:
+                return await self.sdk.connect(ref, timeout=self.timeout_s, on_resume="reboot", **self._opts)
+            except e2b.GuestUnresponsiveException:
+                pass
+            with contextlib.suppress(Exception):
+                await self.sdk.kill(ref, **self._opts)
+            raise SandboxMissing(f"E2B sandbox {ref} could not be resumed (its guest agent is unresponsive); killed")
+
+        vm = await self.sdk_call("connect", connect())
         self._refs[sandbox_id] = ref
         return E2BSandbox(self, sandbox_id, vm)
+
+    async def vm_state(self, ref: str) -> str:
+        """``running``, ``paused``, ``gone`` (killed or expired) or ``unknown`` (E2B could not be asked)."""
+        try:
+            info = await self.sdk_call("get sandbox info", self.sdk.get_info(ref, **self._opts))
+        except SandboxMissing:
+            return "gone"
+        except (SandboxError, SandboxTransient):
+            return "unknown"
+        return str(getattr(info, "state", "unknown"))
 
     async def _prepare(self, vm: Any) -> None:
         """Create ``/workspace`` (idempotent), writable by the template's default user."""
@@ -384,18 +295,42 @@ class E2BSandboxBackend:
             else:
                 await self._prepare(sandbox._vm)
                 return sandbox
-        vm = await self.sdk_call(
-            "create sandbox",
-            self.sdk.create(
-                template=self.config.template,
-                timeout=self.config.timeout_s,
-                metadata=self._metadata(sandbox_id, metadata),
-                envs={},  # never the worker's environment
-                allow_internet_access=self.config.internet,
-                idempotency_key=idempotency_key(sandbox_id, nonce),
-                **self._opts,
-            ),
+        tags = self._metadata(sandbox_id, metadata)
+
+        async def create(key: str) -> Any:
+            try:
+                return await self.sdk.create(
+                    template=self.config.template,
+                    timeout=self.timeout_s,
+                    metadata=tags,
+                    envs={},  # never the worker's environment
+                    allow_internet_access=self.config.internet,
+                    idempotency_key=key,
+                    **self._opts,
+                )
+            except e2b.SandboxException as exc:
+                kind = idempotency_kind(exc)
+                if kind is None:
+                    raise
+                text = self.translate(exc, "create sandbox")
+            raise IdempotencyConflict(kind, str(text))
+
+        async def find() -> Any | None:
+            return await self._find_one(sandbox_id)
+
+        body = body_nonce(self.config.template, self.timeout_s, self.config.internet, tags)
+        made, found = await create_with_key(
+            lambda key: self.sdk_call("create sandbox", create(key)),
+            find,
+            sandbox_id=sandbox_id,
+            nonce=nonce,
+            body=body,
         )
+        if found is not None:  # another caller's create (or a lost first attempt) made it after all
+            sandbox = await self._attach(sandbox_id, found.sandbox_id)
+            await self._prepare(sandbox._vm)
+            return sandbox
+        vm: Any = made
         self._refs[sandbox_id] = vm.sandbox_id
         await self._prepare(vm)
         return E2BSandbox(self, sandbox_id, vm)
