@@ -74,6 +74,7 @@ async def _serve(settings: Settings) -> int:
             settings.temporal,
             plugins=[*telemetry.temporal_plugins(), plugin],
             runtime=telemetry.temporal_runtime(settings.observability),
+            keyring=settings.encryption.keyring,
         )
     except TemporalUnavailable as exc:
         log.error("temporal_unavailable", error=str(exc))

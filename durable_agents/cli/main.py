@@ -130,7 +130,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
         telemetry.configure_tracing("durable-agents-starter", settings.observability)
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
-        client = await connect(settings.temporal, plugins=telemetry.temporal_plugins())
+        client = await connect(
+            settings.temporal, plugins=telemetry.temporal_plugins(), keyring=settings.encryption.keyring
+        )
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
