@@ -84,7 +84,8 @@ def start() -> int:
         if answers(host, port):
             codec = SETTINGS.encryption.ui_codec_endpoint
             print(
-                f"Temporal dev server started at {host}:{port} (UI http://localhost:8233, pid {proc.pid}"
+                f"Temporal dev server started at {host}:{port} "
+                f"(UI http://localhost:{SETTINGS.variable('TEMPORAL_UI_PORT', '8233')}, pid {proc.pid}"
                 + (f", UI codec endpoint {codec}" if codec else "")
                 + ")"
             )
