@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from tests.crypto_keys import TEST_ONLY_K1, TEST_ONLY_K2, TEST_ONLY_WRONG_K1, ri
 from workflows.inputs import ENCRYPTED_ENCODING, EncryptedPayload, decode
 from workflows.types import AgentInput
 
-GOOD = base64.b64encode(os.urandom(32)).decode()
+GOOD = base64.b64encode(b"a-fixed-test-only-key-of-32-byte").decode()  # fixed: xdist workers collect the same ids
 
 
 @pytest.mark.parametrize(
@@ -31,10 +30,11 @@ GOOD = base64.b64encode(os.urandom(32)).decode()
         (":" + GOOD, "entry 1 is not id:<base64 key>"),
         (f"k1:{GOOD},", "entry 2 is empty"),
         ("k1:not base64!", "entry 1 (key id 'k1'): the key is not valid base64"),
-        (f"k1:{base64.b64encode(os.urandom(16)).decode()}", "the key is 16 bytes, not 32"),
+        (f"k1:{base64.b64encode(b'sixteen-byte-key').decode()}", "the key is 16 bytes, not 32"),
         (f"k1:{GOOD},k1:{GOOD}", "entry 2: duplicate key id 'k1'"),
         (f"k 1:{GOOD}", "key id must be"),
     ],
+    ids=["empty", "blank", "no-colon", "no-id", "trailing-comma", "not-base64", "16-bytes", "duplicate", "bad-id"],
 )
 def test_bad_key_text_is_one_line_without_key_material(text: str, problem: str) -> None:
     with pytest.raises(ConfigurationError) as err:

@@ -195,7 +195,9 @@ async def test_nothing_readable_at_rest_and_the_codec_server_decodes(
         result = await handle.result()
     await runtime.aclose()
     assert result.status == "completed" and marker in result.output
-    ledger = await runtime_with(settings, TEST_ONLY_K1).store.ledger(handle.id)
+    reader = runtime_with(settings, TEST_ONLY_K1)
+    ledger = await reader.store.ledger(handle.id)
+    await reader.aclose()
     assert [entry.result for entry in ledger] == [f"echoed: {marker}"], "the tool ran, and through the ledger"
 
     assert marker.encode() not in files_bytes(db), "Temporal's database holds the marker in plaintext"
