@@ -11,6 +11,7 @@
     python starter.py cancel RUN_ID
     python starter.py list
     python starter.py sandboxes reap [--min-age S]
+    python starter.py codec-server [--port 8081] [--host 127.0.0.1]   # decrypts for the Temporal UI and CLI
 
 ``run --follow`` prints the run's progress events as they happen (the run's
 durable progress stream, as ``watch`` does) and asks for each approval the run

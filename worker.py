@@ -74,6 +74,7 @@ async def _serve(settings: Settings) -> int:
             settings.temporal,
             plugins=[*telemetry.temporal_plugins(), plugin],
             runtime=telemetry.temporal_runtime(settings.observability),
+            keyring=settings.encryption.keyring,
         )
     except TemporalUnavailable as exc:
         log.error("temporal_unavailable", error=str(exc))
@@ -109,6 +110,7 @@ async def _run_until_stopped(
         model=settings.model,
         sandbox=settings.sandbox.backend,
         store=display_url(settings.store_url),
+        payload_keys=list(settings.encryption.keyring.ids) if settings.encryption.keyring else "off",
         tools=plugin.runtime.tools.names(),
         providers=plugin.runtime.providers.registry.prefixes(),
         search_attributes=plugin.runtime.search_attributes_ready,

@@ -84,7 +84,7 @@ class Runtime:
     def store(self) -> RunStore:
         """The run store, opened on first use (again after :meth:`aclose`)."""
         if self._store is None:
-            self._store = open_store(self.settings.store_url)
+            self._store = open_store(self.settings.store_url, self.settings.encryption.keyring)
         return self._store
 
     @property

@@ -16,6 +16,7 @@ Parts::
     settings.observability   log level, metrics port, trace exporters
     settings.extensions      operator tool and provider modules
     settings.worker          worker tuning (cache, slots), health port, shared-store requirement
+    settings.encryption      the payload and run-store key ring, the codec server's token and origins
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import SecretStr, ValidationError
 
+from activities.crypto.keyring import KeyRing
+
 DEFAULT_STATE_DIR = Path(".agent")
 DEFAULT_UID_BASE = 2_000_000_000
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -39,6 +42,7 @@ SANDBOX_BACKENDS = ("local", "e2b")
 TRACE_EXPORTERS = ("console", "otlp", "none")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+DEFAULT_CODEC_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233")  # the dev server's UI
 _CONNINFO_PASSWORD = re.compile(r"\bpassword\s*=\s*(?:'([^']*)'|(\S+))")
 
 
@@ -158,6 +162,20 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class EncryptionSettings:
+    """Payload and run-store encryption (``AGENT_PAYLOAD_KEYS*``) and the codec server (``AGENT_CODEC_*``)."""
+
+    keyring: KeyRing | None = None  # None: payloads and the run store stay plaintext
+    codec_token: SecretStr | None = None  # AGENT_CODEC_TOKEN: the codec server wants `Authorization: Bearer <it>`
+    codec_origins: tuple[str, ...] = DEFAULT_CODEC_ORIGINS  # AGENT_CODEC_CORS_ORIGINS: browser origins allowed
+    ui_codec_endpoint: str = ""  # AGENT_UI_CODEC_ENDPOINT: `make server` points the dev server's UI at it
+
+    @property
+    def enabled(self) -> bool:
+        return self.keyring is not None
+
+
+@dataclass(frozen=True)
 class Settings:
     temporal: TemporalSettings = field(default_factory=TemporalSettings)
     model: str = "scripted:demo"  # AGENT_MODEL: the default model of runs that name none
@@ -168,6 +186,7 @@ class Settings:
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
     extensions: ExtensionSettings = field(default_factory=ExtensionSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
     http_allow: tuple[str, ...] = ()
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
@@ -230,6 +249,7 @@ class Settings:
                 provider_modules=reader.names("AGENT_PROVIDER_MODULES"),
             ),
             worker=_worker(reader),
+            encryption=_encryption(reader),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
             store_url=reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3"),
             state_dir=state_dir,
@@ -263,12 +283,17 @@ class Settings:
         return self.environ.get(name, default)
 
     def secret_values(self) -> list[str]:
-        """Every configured secret (API keys, the approval key, the store URL's password), for redaction."""
+        """Every configured secret (API keys, the approval key, payload keys, the codec token, the store URL's
+        password), for redaction."""
         keys = [
             s.get_secret_value()
             for s in (self.openai.api_key, self.anthropic.api_key, self.sandbox.e2b_api_key, self.approval_key)
             if s is not None and s.get_secret_value()
         ]
+        if self.encryption.codec_token is not None:
+            keys.append(self.encryption.codec_token.get_secret_value())
+        if self.encryption.keyring is not None:
+            keys += self.encryption.keyring.secret_values()
         return [*keys, *url_passwords(self.store_url), *self.extra_secrets]
 
     def with_secrets(self, secrets: Iterable[str]) -> Settings:
@@ -379,6 +404,39 @@ def _worker(reader: _Reader) -> WorkerSettings:
         health_port=port,
         require_shared_store=flag in _TRUE,
     )
+
+
+def _encryption(reader: _Reader) -> EncryptionSettings:
+    inline, path = reader.env.get("AGENT_PAYLOAD_KEYS", ""), reader.text("AGENT_PAYLOAD_KEYS_FILE")
+    if inline.strip() and path:
+        raise ConfigurationError("set AGENT_PAYLOAD_KEYS or AGENT_PAYLOAD_KEYS_FILE, not both")
+    keyring: KeyRing | None = None
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"AGENT_PAYLOAD_KEYS_FILE={path}: cannot read it ({type(exc).__name__})") from None
+        keyring = _keyring(f"AGENT_PAYLOAD_KEYS_FILE={path}", text)
+    elif "AGENT_PAYLOAD_KEYS" in reader.env:
+        keyring = _keyring("AGENT_PAYLOAD_KEYS", inline)
+    endpoint = reader.text("AGENT_UI_CODEC_ENDPOINT").rstrip("/")
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise ConfigurationError(f"AGENT_UI_CODEC_ENDPOINT={endpoint!r}: expected an http:// or https:// URL")
+    origins = tuple(o.rstrip("/") for o in reader.names("AGENT_CODEC_CORS_ORIGINS")) or DEFAULT_CODEC_ORIGINS
+    return EncryptionSettings(
+        keyring=keyring,
+        codec_token=reader.secret("AGENT_CODEC_TOKEN"),
+        codec_origins=origins,
+        ui_codec_endpoint=endpoint,
+    )
+
+
+def _keyring(variable: str, text: str) -> KeyRing:
+    """The ring in ``text`` (an empty value is an error: a set variable must hold keys)."""
+    try:
+        return KeyRing.parse(text.strip())
+    except ValueError as exc:
+        raise ConfigurationError(f"{variable}: {exc}") from None
 
 
 def is_shared_store(url: str) -> bool:

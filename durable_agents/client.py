@@ -4,7 +4,8 @@ Connection settings come from ``temporalio.envconfig`` (profiles in
 ``temporal.toml`` and the standard ``TEMPORAL_*`` variables, so Temporal Cloud's
 TLS and API keys work unchanged), with ``Settings.temporal``'s address and
 namespace (``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``, defaulting to
-``localhost:7233`` / ``default``). Payloads use the pydantic data converter.
+``localhost:7233`` / ``default``). Payloads use the pydantic data converter and, given a key ring
+(``AGENT_PAYLOAD_KEYS``), the AES-256-GCM payload codec.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import Runtime
 
+from activities.crypto.codec import encrypted_converter
+from activities.crypto.keyring import KeyRing
 from activities.settings import TemporalSettings
 
 
@@ -41,16 +44,18 @@ async def connect(
     interceptors: Sequence[Interceptor] = (),
     plugins: Sequence[Plugin] = (),
     runtime: Runtime | None = None,
+    keyring: KeyRing | None = None,
 ) -> Client:
     """A client with the project's data converter; ``TemporalUnavailable`` when no server answers.
 
     ``plugins`` (e.g. ``durable_agents.telemetry.temporal_plugins()``) also apply to workers built on
-    the client; ``runtime`` carries the metrics configuration (``telemetry.temporal_runtime()``).
+    the client; ``runtime`` carries the metrics configuration (``telemetry.temporal_runtime()``);
+    ``keyring`` (``settings.encryption.keyring``) encrypts every payload the client sends and decrypts those it reads.
     """
     config = connect_config(temporal)
     try:
         return await Client.connect(
-            data_converter=pydantic_data_converter,
+            data_converter=encrypted_converter(pydantic_data_converter, keyring),
             interceptors=list(interceptors),
             plugins=list(plugins),
             runtime=runtime,

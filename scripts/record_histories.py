@@ -3,6 +3,9 @@
     .venv/bin/python -m scripts.record_histories            # every scenario
     .venv/bin/python -m scripts.record_histories approvals  # one
 
+``encrypted_*`` scenarios run with the test-only key ring ``tests.crypto_keys.TEST_ONLY_PAYLOAD_KEYS``
+(payloads and run store encrypted); ``tests/test_replay.py`` replays them with it.
+
 Run it when you add a scenario, never to "fix" a failing replay: a replay
 failure means the loop's command sequence changed, which must be guarded with
 ``workflow.patched`` so that runs started before the change still replay.
@@ -25,11 +28,13 @@ from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.crypto.codec import encrypted_converter
 from activities.runtime import Runtime
-from activities.settings import ProviderEndpoint, Settings
+from activities.settings import EncryptionSettings, ProviderEndpoint, Settings
+from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, pending_view
+from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
@@ -113,7 +118,12 @@ async def subagents(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink,
 
 
 # Scenarios recorded here only (tests/scenarios.py holds the ones tests also run).
-RECORDED: dict[str, Scenario] = {**SCENARIOS, "junk_signals": junk_signals, "subagents": subagents}
+RECORDED: dict[str, Scenario] = {
+    **SCENARIOS,
+    "junk_signals": junk_signals,
+    "subagents": subagents,
+    "encrypted_approvals": approvals,  # with the test-only key ring
+}
 
 
 async def record(names: list[str]) -> None:
@@ -132,10 +142,16 @@ async def record(names: list[str]) -> None:
                 )
                 if name in SETTINGS:
                     settings = replace(settings, **SETTINGS[name](Path(tmp)))
+                client = env.client
+                if name.startswith("encrypted_"):
+                    keyring = ring(TEST_ONLY_PAYLOAD_KEYS)
+                    settings = replace(settings, encryption=EncryptionSettings(keyring=keyring))
+                    converter = encrypted_converter(pydantic_data_converter, keyring)
+                    client = Client(client.service_client, namespace=client.namespace, data_converter=converter)
                 runtime = Runtime.from_settings(settings)
                 tq = f"record-{uuid.uuid4().hex[:8]}"
-                async with build_worker(env.client, runtime, task_queue=tq):
-                    handle = await RECORDED[name](env.client, tq, llm, sink, f"history-{name}")
+                async with build_worker(client, runtime, task_queue=tq):
+                    handle = await RECORDED[name](client, tq, llm, sink, f"history-{name}")
                 history = await handle.fetch_history()
                 (OUT / f"{name}.json").write_text(history.to_json())
                 print(f"recorded {name}: {len(history.events)} events")

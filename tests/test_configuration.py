@@ -223,6 +223,11 @@ def run_worker_process(tmp_path: Path, **env: str) -> subprocess.CompletedProces
         ),
         ({"AGENT_HEALTH_PORT": "0"}, "AGENT_HEALTH_PORT='0' must be between 1 and 65535"),
         ({"AGENT_MAX_CONCURRENT_ACTIVITIES": "-5"}, "AGENT_MAX_CONCURRENT_ACTIVITIES='-5' must be between"),
+        (
+            {"AGENT_PAYLOAD_KEYS": "k1:c2hvcnQ="},
+            "AGENT_PAYLOAD_KEYS: entry 1 (key id 'k1'): the key is 5 bytes, not 32",
+        ),
+        ({"AGENT_PAYLOAD_KEYS": ""}, "AGENT_PAYLOAD_KEYS: no keys"),
     ],
 )
 def test_worker_stops_at_start_with_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
@@ -232,3 +237,4 @@ def test_worker_stops_at_start_with_one_line(tmp_path: Path, env: dict[str, str]
     assert len(lines) == 1 and needle in lines[0], done.stderr
     assert "Traceback" not in done.stderr
     assert json.loads(lines[0])["event"] == "bad_configuration"
+    assert "c2hvcnQ=" not in done.stderr, "key material never reaches the log"

@@ -15,13 +15,22 @@ import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.worker import Replayer
 
+from activities.crypto.codec import encrypted_converter
+from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
 from workflows.agent import AgentWorkflow, RunInput
 from workflows.inputs import NO_PAYLOAD, one_payload
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+# ``encrypted_*`` histories were recorded with the test-only key ring (payloads are AES-256-GCM ciphertext).
+ENCRYPTED = encrypted_converter(pydantic_data_converter, ring(TEST_ONLY_PAYLOAD_KEYS))
+
+
+def converter_for(path: Path) -> DataConverter:
+    return ENCRYPTED if path.stem.startswith("encrypted_") else pydantic_data_converter
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -37,14 +46,28 @@ def test_there_are_recorded_histories() -> None:
         "limit_exceeded",
         "fork",
         "mcp_tools",
+        "encrypted_approvals",
     }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_recorded_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=converter_for(path))
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+async def test_an_encrypted_history_replays_only_with_its_key() -> None:
+    """Without the key ring the replay fails (no plaintext guessed from ciphertext); a plaintext history also
+    replays with the key ring (the codec leaves unencrypted payloads alone)."""
+    path = next(p for p in HISTORIES if p.stem == "encrypted_approvals")
+    history = load(path)
+    keyless = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    failed = await keyless.replay_workflow(history, raise_on_replay_failure=False)
+    assert failed.replay_failure is not None and "without that key" in str(failed.replay_failure)
+    plain = next(p for p in HISTORIES if p.stem == "approvals")
+    with_ring = Replayer(workflows=[AgentWorkflow], data_converter=ENCRYPTED)
+    assert (await with_ring.replay_workflow(load(plain), raise_on_replay_failure=False)).replay_failure is None
 
 
 @workflow.defn(name="AgentWorkflow", sandboxed=False)

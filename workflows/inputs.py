@@ -27,6 +27,16 @@ from temporalio.common import RawValue
 M = TypeVar("M", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
 
+# What the payload codec (activities/crypto/codec.py) makes of a payload. A worker that receives one still
+# encrypted has no key ring (AGENT_PAYLOAD_KEYS): that is the worker's fault, not the sender's.
+ENCRYPTED_ENCODING = b"binary/encrypted"
+
+
+class EncryptedPayload(RuntimeError):
+    """A payload arrived encrypted: raised, not refused, so the workflow task fails (visibly, in history) and is
+    retried until a worker with the key ring takes it, instead of failing the run or dropping the signal."""
+
+
 # The default of a raw parameter when no payload was sent at all.
 NO_PAYLOAD = RawValue(Payload())
 QUOTE_MAX = 80  # characters of a sent value a message may quote
@@ -109,6 +119,12 @@ def _decode_payload(payload: Payload, model: type[M]) -> M | str:
     if not payload.metadata and not payload.data:
         return "no payload was sent"
     encoding = payload.metadata.get("encoding", b"")
+    if encoding == ENCRYPTED_ENCODING:
+        key_id = safe(payload.metadata.get("encryption-key-id", b"").decode("utf-8", "replace"), 64)
+        raise EncryptedPayload(
+            f"a payload encrypted with key {key_id!r} reached a worker without that key: "
+            "start the worker with AGENT_PAYLOAD_KEYS (or AGENT_PAYLOAD_KEYS_FILE) holding it"
+        )
     if encoding != b"json/plain":
         return f"expected a JSON object, got a payload with encoding {quote(encoding.decode('utf-8', 'replace'))}"
     try:

@@ -45,6 +45,8 @@ from activities.settings import ConfigurationError, Settings
 from durable_agents import logs, telemetry
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
+from durable_agents.cli.codec import add_command as add_codec_command
+from durable_agents.cli.codec import cmd_codec_server
 from durable_agents.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -93,6 +95,7 @@ COMMANDS: dict[str, Command] = {
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 LOCAL_COMMANDS: dict[str, LocalCommand] = {
     "tools": cmd_tools,
+    "codec-server": cmd_codec_server,
 }
 
 
@@ -116,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fork_command(sub)
     add_rewind_command(sub)
     add_tools_command(sub)
+    add_codec_command(sub)
     return parser
 
 
@@ -130,7 +134,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
         telemetry.configure_tracing("durable-agents-starter", settings.observability)
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
-        client = await connect(settings.temporal, plugins=telemetry.temporal_plugins())
+        client = await connect(
+            settings.temporal, plugins=telemetry.temporal_plugins(), keyring=settings.encryption.keyring
+        )
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
