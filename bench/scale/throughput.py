@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -14,6 +15,7 @@ from temporalio.client import Client
 
 from bench.scale.common import (
     dev_server,
+    embedded_postgres,
     floor_workers,
     histories,
     history_stats,
@@ -29,7 +31,9 @@ from bench.scale.common import (
 TARGET_RATIO = 0.9
 
 
-async def _phase(clients: list[Client], kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+async def _phase(
+    clients: list[Client], kind: str, args: argparse.Namespace, tmp: Path, store_url: str | None
+) -> dict[str, Any]:
     client = clients[0]
     task_queue = queue(kind)
     run = run_ours if kind == "ours" else run_floor
@@ -43,7 +47,7 @@ async def _phase(clients: list[Client], kind: str, args: argparse.Namespace, tmp
 
     if kind == "ours":
         state = tmp / f"ours-{task_queue}"
-        async with our_workers(clients, ours_settings(state), task_queue):
+        async with our_workers(clients, ours_settings(state, store_url), task_queue):
             done, wall = await all_runs()
     else:
         async with floor_workers(clients, task_queue):
@@ -74,19 +78,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     async with dev_server() as env:
         clients = await worker_clients(env.client, args.workers)
-        with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-throughput-"))
+            store_url = stack.enter_context(embedded_postgres()) if args.store == "postgres" else None
             for _ in range(args.rounds):
                 for kind in systems:
-                    rows.append(await _phase(clients, kind, args, Path(tmp)))
+                    rows.append(await _phase(clients, kind, args, Path(tmp), store_url))
     report: dict[str, Any] = {
         "bench": "throughput",
         "what": f"{args.runs} concurrent runs of {args.turns} tool turns ({args.kb} KB outputs) + an answer, "
-        f"{args.workers} workers in one process (ours: separate Runtimes sharing one SQLite store), "
+        f"{args.workers} workers in one process (ours: separate Runtimes sharing one {args.store} run store, "
+        "as workers on separate hosts share one), "
         "phases interleaved floor, ours, floor, ours on one dev server",
         "machine": machine(),
         "runs": args.runs,
         "turns": args.turns,
         "workers": args.workers,
+        "store": args.store,
         "rows": rows,
         "target": f"ours >= {TARGET_RATIO}x the floor's activities/s",
     }
