@@ -156,11 +156,14 @@ class SQLiteRunStore:
         )
 
     def _put(self, conversation_id: str, seq: int, message: Message, meta: dict[str, object]) -> StoredMessage:
+        meta_json = json.dumps(meta)
         with self._lock:
-            self._conn.execute(
+            inserted = self._conn.execute(
                 "INSERT OR IGNORE INTO transcript (conversation_id, seq, message, meta) VALUES (?, ?, ?, ?)",
-                (conversation_id, seq, pack_text(message.model_dump_json()), json.dumps(meta)),
-            )
+                (conversation_id, seq, pack_text(message.model_dump_json()), meta_json),
+            ).rowcount
+            if inserted:  # ours is the entry: no need to read it back, unpack and validate it again
+                return StoredMessage(seq=seq, message=message.model_copy(deep=True), meta=json.loads(meta_json))
             row = self._conn.execute(
                 "SELECT seq, message, meta FROM transcript WHERE conversation_id = ? AND seq = ?",
                 (conversation_id, seq),
