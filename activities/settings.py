@@ -144,9 +144,11 @@ class ExtensionSettings:
 class WorkerSettings:
     """How ``worker.py`` runs its worker: ``AGENT_MAX_*``, ``AGENT_HEALTH_PORT``, ``AGENT_REQUIRE_SHARED_STORE``."""
 
-    # The Temporal SDK's own defaults (temporalio 1.35: Worker(max_cached_workflows=1000), and 100 slots per
-    # kind from WorkerTuner.create_fixed) for now; the benchmarks (bench/) are to choose the real values.
-    max_cached_workflows: int = 1000  # AGENT_MAX_CACHED_WORKFLOWS (0: no cache, every task replays its history)
+    # From bench/scale waiting (10,000 runs parked on approvals, one worker): a cached run costs ~170 KB, so
+    # the SDK's 1000 put the worker at 307 MB; 500 holds it at 236 MB, and 500 approvals at once started
+    # their tools no later (p95 9.9 s against 10.7 s: with 10,000 runs either cache misses ~90 % of them).
+    # Slots stay the SDK's 100 per kind (WorkerTuner.create_fixed): 100 concurrent runs never filled them.
+    max_cached_workflows: int = 500  # AGENT_MAX_CACHED_WORKFLOWS (0: no cache, every task replays its history)
     max_concurrent_activities: int = 100  # AGENT_MAX_CONCURRENT_ACTIVITIES
     max_concurrent_workflow_tasks: int = 100  # AGENT_MAX_CONCURRENT_WORKFLOW_TASKS (at least 2 with a cache)
     health_port: int | None = None  # AGENT_HEALTH_PORT: /healthz and /readyz on 0.0.0.0:N

@@ -14,6 +14,7 @@ from typing import Any
 
 from temporalio.client import Client
 
+from activities.settings import WorkerSettings
 from bench.fixtures_scale import EFFECT_TOOL, EFFECTS_LOG
 from bench.scale.common import dev_server, histories, history_stats, machine, median, pct, queue
 from durable_agents.search_attributes import ensure_search_attributes
@@ -83,7 +84,9 @@ def _worker(
     if system == "ours":
         return WorkerProc(env_vars, tmp / "worker.log")
     argv = [sys.executable, "-m", "bench.floor_waiting", "--address", address, "--task-queue", task_queue]
-    argv += ["--state-dir", str(state), *(["--max-cached", str(args.max_cached)] if args.max_cached else [])]
+    # The floor caches as many runs as ours does, so the two are compared at one cache size.
+    cache = args.max_cached if args.max_cached is not None else WorkerSettings().max_cached_workflows
+    argv += ["--state-dir", str(state), "--max-cached", str(cache)]
     return WorkerProc(env_vars, tmp / "worker.log", argv=argv)
 
 
@@ -215,7 +218,7 @@ async def _drive(
 
 
 def _report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    cache = args.max_cached if args.max_cached is not None else "1000 (the default)"
+    cache = args.max_cached if args.max_cached is not None else f"{WorkerSettings().max_cached_workflows} (the default)"
     report: dict[str, Any] = {
         "bench": "waiting",
         "what": f"{args.runs} runs, each parked on the approval of one side-effecting tool call (default 'ask' "
