@@ -77,11 +77,11 @@ bench: venv bwrap
 	$(PY) -m bench.kill_storm --runs 100 --kills 12
 	$(PY) -m bench.checkpoints --files 50 --file-mb 1 --steps 100 --change-kb 10
 	$(PY) -m bench.scale overhead --turns 10 50 200
-	$(PY) -m bench.scale throughput --runs 100 --turns 10 --workers 3
+	$(PY) -m bench.scale throughput --runs 100 --turns 10 --workers 3 --rounds 3
 	$(PY) -m bench.scale durable-bytes --turns 200 --kb 10
 	$(PY) -m bench.scale waiting --runs 10000 --approvals 500
 	$(PY) -m bench.cluster_storm --runs 100 --workers 3 --kills 12 --pg-down 20
-	$(PY) -m bench.encryption --turns 20 --kb 10 --repeat 7
+	$(PY) -m bench.encryption --turns 20 --kb 10 --repeat 15
 
 clean: stop
 	rm -rf .agent .temporal

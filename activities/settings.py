@@ -144,10 +144,10 @@ class ExtensionSettings:
 class WorkerSettings:
     """How ``worker.py`` runs its worker: ``AGENT_MAX_*``, ``AGENT_HEALTH_PORT``, ``AGENT_REQUIRE_SHARED_STORE``."""
 
-    # From bench/scale waiting (10,000 runs parked on approvals, one worker): a cached run costs ~170 KB, so
-    # the SDK's 1000 put the worker at 307 MB; 500 holds it at 236 MB, and 500 approvals at once started
-    # their tools no later (p95 9.9 s against 10.7 s: with 10,000 runs either cache misses ~90 % of them).
-    # Slots stay the SDK's 100 per kind (WorkerTuner.create_fixed): 100 concurrent runs never filled them.
+    # From bench/scale waiting (10,000 runs parked on approvals, one worker): a cached run costs ~170-190 KB
+    # of RSS, so the SDK's 1000 put the worker at 307 MB; 500 holds it at 235 MB, and 500 approvals at once
+    # started their tools no later (p95 10.4 s against 10.7 s: with 10,000 runs either cache misses 90-95 %).
+    # Slots stay the SDK's 100 per kind (WorkerTuner.create_fixed): no bench here came near them.
     max_cached_workflows: int = 500  # AGENT_MAX_CACHED_WORKFLOWS (0: no cache, every task replays its history)
     max_concurrent_activities: int = 100  # AGENT_MAX_CONCURRENT_ACTIVITIES
     max_concurrent_workflow_tasks: int = 100  # AGENT_MAX_CONCURRENT_WORKFLOW_TASKS (at least 2 with a cache)
