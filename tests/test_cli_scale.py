@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecution
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -276,7 +276,13 @@ async def test_a_run_that_does_not_answer_costs_seconds_and_is_named(
     """The listing says it waits, but no worker answers its query: a warning naming it, within the deadline."""
     client = indexed_env.client
     handle = await start_agent(client, "nobody-polls", id_prefix="stuck")
-    [listed] = [wf async for wf in client.list_workflows(f"WorkflowId = {query_literal(handle.id)}")]
+    listing: list[WorkflowExecution] = []
+    for _ in range(100):  # visibility is eventually consistent: a run just started may not be listed yet
+        listing = [wf async for wf in client.list_workflows(f"WorkflowId = {query_literal(handle.id)}")]
+        if listing:
+            break
+        await asyncio.sleep(0.1)
+    [listed] = listing
     began = time.monotonic()
     assert await listed_view(client, listed) is None
     assert time.monotonic() - began < QUICK_QUERY_TIMEOUT.total_seconds() + 2

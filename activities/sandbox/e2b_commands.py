@@ -25,7 +25,8 @@ import contextlib
 import shlex
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 import e2b
 
@@ -37,9 +38,22 @@ from activities.sandbox.base import (
     SandboxMissing,
     SandboxTransient,
 )
+from activities.settings import E2BConfig
 
-if TYPE_CHECKING:
-    from activities.sandbox.e2b import E2BSandboxBackend
+T = TypeVar("T")
+
+
+class CommandBackend(Protocol):
+    """What commands need of :class:`~activities.sandbox.e2b.E2BSandboxBackend` (a protocol, so no import cycle)."""
+
+    config: E2BConfig
+
+    def translate(self, exc: BaseException, what: str) -> Exception: ...
+
+    async def sdk_call(self, what: str, awaitable: Awaitable[T]) -> T: ...
+
+    async def vm_state(self, ref: str) -> str: ...
+
 
 KILL_AFTER_S = 2  # `timeout -k`: SIGKILL this long after the SIGTERM at the deadline
 TIMEOUT_MARK = "timeout: sending signal "  # what `timeout --verbose` prints when the deadline passes
@@ -89,7 +103,7 @@ class E2BCommands:
     sandbox_id: str
     ref: str
     _vm: Any
-    _backend: E2BSandboxBackend
+    _backend: CommandBackend
 
     def _path(self, path: str, *, allow_root: bool = False) -> str:
         raise NotImplementedError  # E2BSandbox's

@@ -73,6 +73,19 @@ class RecordedCommand:
     background: bool | None
 
 
+def _read(path: str) -> bytes:
+    # os.open, not open(): kill_marked also runs from a weakref finalizer, which the garbage collector may
+    # call on a workflow task thread, where the Temporal sandbox has replaced builtins.open.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def processes(marker: str) -> list[tuple[int, str]]:
     """(pid, command line) of the live (not zombie) host processes whose environment carries ``marker``."""
     found = []
@@ -80,12 +93,9 @@ def processes(marker: str) -> list[tuple[int, str]]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            state = _read(f"/proc/{entry}/stat").rsplit(b")", 1)[1].split()[0]
+            environ = _read(f"/proc/{entry}/environ").split(b"\0")
+            cmdline = _read(f"/proc/{entry}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
         except (OSError, IndexError):
             continue  # gone meanwhile, or not ours to read
         if state not in (b"Z", b"X") and f"{MARKER_VAR}={marker}".encode() in environ:
