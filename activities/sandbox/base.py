@@ -59,6 +59,14 @@ SANDBOX_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 MAX_READ_BYTES = 1024 * 1024  # read_file's cap, whatever the backend
 
 
+def validate_command(argv: list[str], timeout_s: float) -> None:
+    """``SandboxError`` for a command no backend can run: no argv, or a wall time that is not positive."""
+    if not argv:
+        raise SandboxError("empty command")
+    if timeout_s <= 0:
+        raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
+
+
 def validate_sandbox_id(sandbox_id: str) -> None:
     """Refuse ids that are not a single safe path component (every backend uses them as names)."""
     if not SANDBOX_ID_RE.match(sandbox_id) or sandbox_id in (".", ".."):

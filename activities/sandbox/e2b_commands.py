@@ -37,6 +37,7 @@ from activities.sandbox.base import (
     SandboxError,
     SandboxMissing,
     SandboxTransient,
+    validate_command,
 )
 from activities.settings import E2BConfig
 
@@ -112,10 +113,7 @@ class E2BCommands:
         self, argv: list[str], *, stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = ""
     ) -> CommandResult:
         """Run ``argv`` in the VM under ``/workspace`` (coreutils ``timeout`` enforces the wall time)."""
-        if not argv:
-            raise SandboxError("empty command")
-        if timeout_s <= 0:
-            raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
+        validate_command(argv, timeout_s)
         limits = self._backend.config.limits
         wall = min(timeout_s, limits.timeout_s)
         workdir = self._path(cwd, allow_root=True) if cwd else WORKSPACE

@@ -82,6 +82,7 @@ from activities.sandbox.base import (
     SandboxMissing,
     SandboxRecord,
     SandboxUnavailable,
+    validate_command,
     validate_sandbox_id,
     workspace_relative,
 )
@@ -221,10 +222,7 @@ class LocalSandbox:
         self, argv: list[str], *, stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = ""
     ) -> CommandResult:
         """Run ``argv`` inside the sandbox; the wall time is ``min(timeout_s, limits.timeout_s)``."""
-        if not argv:
-            raise SandboxError("empty command")
-        if timeout_s <= 0:
-            raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
+        validate_command(argv, timeout_s)
         backend = self._backend
         bwrap = await backend.bulk.run(
             "checking bubblewrap", CREATE_TIMEOUT_S, functools.partial(require_bwrap, backend.uid_base)
