@@ -45,6 +45,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.store import open_store
+from bench.kill_storm import storm_parser
 from bench.scale.common import pct
 from scripts.cluster import Cluster, tail_of
 from tests.fakes.dedupe_server import DedupeServer
@@ -66,17 +67,8 @@ KILL_EVERY_S = (2.0, 3.0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--kills", type=int, default=12)
+    parser = storm_parser(__doc__)
     parser.add_argument("--pg-down", type=float, default=20.0, help="seconds PostgreSQL stays down")
-    parser.add_argument("--posts", type=int, default=3, help="POSTs per run")
-    parser.add_argument("--post-delay", type=float, default=1.5, help="seconds the destination takes per POST")
-    parser.add_argument("--spread", type=float, default=30.0, help="start the runs over this many seconds")
-    parser.add_argument("--avoid-model-calls", action="store_true", help="never kill a worker mid model call")
-    parser.add_argument("--timeout", type=float, default=600.0, help="bound on waiting for the runs after the storm")
-    parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
 
 

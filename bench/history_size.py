@@ -22,14 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
-from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
+from bench.scale.common import histories as run_histories
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
 from worker import build_worker
@@ -54,19 +53,6 @@ def scripted_model(turns: int, size: int) -> Any:
         return Scripted(tool_calls=[("read_file", json.dumps({"path": "data.txt"}))])
 
     return reply
-
-
-async def run_histories(client: Client, workflow_id: str, first_run_id: str) -> list[WorkflowHistory]:
-    """Every run of the execution chain, following continue-as-new from the first run."""
-    histories: list[WorkflowHistory] = []
-    run_id = first_run_id
-    while run_id:
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        histories.append(history)
-        last = history.events[-1]
-        continued = last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
-        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id if continued else ""
-    return histories
 
 
 async def measure(turns: int, kb: int) -> dict[str, Any]:

@@ -36,8 +36,9 @@ from tests.fakes.worker_proc import DevServer, kill_storm
 RESULTS = Path(__file__).parent / "results" / "kill_storm.json"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def storm_parser(description: str | None) -> argparse.ArgumentParser:
+    """The options every kill storm takes (runs, workers, kills, the POSTs each run makes, pacing, seed)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--kills", type=int, default=12)
     parser.add_argument("--workers", type=int, default=3)
@@ -47,7 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--avoid-model-calls", action="store_true", help="never kill a worker mid model call")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on waiting for the runs after the storm")
     parser.add_argument("--seed", type=int, default=1)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return storm_parser(__doc__).parse_args(argv)
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:

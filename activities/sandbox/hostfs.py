@@ -171,20 +171,42 @@ def write_at(dir_fd: int, name: str, content: bytes, shown: str, *, owner: tuple
             f"{shown!r} is {describe(existing.st_mode)}, not a regular file; write_file refuses to replace it "
             "(remove it first)"
         )
-    tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, CREATE_FLAGS, 0o644, dir_fd=dir_fd)
+    tmp = temp_name(name)
+    create_file_at(
+        dir_fd, tmp, content, owner=owner, mode=None if existing is None else stat.S_IMODE(existing.st_mode) & 0o777
+    )
     try:
-        if owner is not None:
-            os.fchown(fd, *owner)
-        if existing is not None:
-            os.fchmod(fd, stat.S_IMODE(existing.st_mode) & 0o777)
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view) :]
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def temp_name(name: str) -> str:
+    """A fresh hidden name beside ``name``, to write under and then rename over it."""
+    return f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+
+
+def create_file_at(
+    dir_fd: int, name: str, content: bytes, *, owner: tuple[int, int] | None = None, mode: int | None = None
+) -> None:
+    """Write ``content`` to the new file ``name`` in ``dir_fd`` (never following a symlink), removed again on failure.
+
+    ``mode`` given: created private, then set to exactly ``mode``; else created 0644 under the umask.
+    """
+    fd = os.open(name, CREATE_FLAGS, 0o644 if mode is None else 0o600, dir_fd=dir_fd)
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        if mode is not None:
+            os.fchmod(fd, mode)
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
         raise
     finally:
         os.close(fd)

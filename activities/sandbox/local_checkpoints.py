@@ -61,9 +61,11 @@ from activities.sandbox.hostfs import (
     TooLarge,
     WalkLimit,
     chmod_at,
+    create_file_at,
     read_at,
     read_small,
     remove_tree_at,
+    temp_name,
     walk,
     walk_tree,
 )
@@ -389,26 +391,13 @@ def _install(
     target: str = "",
 ) -> None:
     """Write a file (``content``) or a symlink (``target``) under a fresh name, then rename it over ``name``."""
-    tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+    tmp = temp_name(name)
     if content is None:
         os.symlink(target, tmp, dir_fd=directory)
         if owner is not None:
             os.chown(tmp, *owner, dir_fd=directory, follow_symlinks=False)
     else:
-        fd = os.open(tmp, CREATE_FLAGS, 0o600, dir_fd=directory)
-        try:
-            if owner is not None:
-                os.fchown(fd, *owner)
-            os.fchmod(fd, mode & FILE_MODE_BITS)
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=directory)
-            raise
-        finally:
-            os.close(fd)
+        create_file_at(directory, tmp, content, owner=owner, mode=mode & FILE_MODE_BITS)
     try:
         try:
             os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)

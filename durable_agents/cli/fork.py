@@ -44,11 +44,11 @@ from durable_agents.cli.common import (
 )
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.run import (
-    MAX_TASK_BYTES,
     WAITING,
     DemoModelNote,
     _follow,
     _report,
+    checked_task,
     start_agent_run,
     static_details,
     ui_link,
@@ -164,7 +164,7 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
 
 def fork_input(source: AgentInput, args: argparse.Namespace) -> AgentInput:
     """The fork's input: the source's tools, limits, policy ... with ``fork`` set; a bad value is a usage error."""
-    task = source.task if args.task is None else _checked_task(args.task)
+    task = source.task if args.task is None else checked_task(args.task)
     try:
         return AgentInput(
             task=task,
@@ -181,15 +181,6 @@ def fork_input(source: AgentInput, args: argparse.Namespace) -> AgentInput:
 def fork_summary(source_id: str, step: int, task: str | None) -> str:
     summary = f"fork of {source_id} at step {step}"
     return summary + (f": {' '.join(task.split())[:FORK_SUMMARY_TASK_CHARS]}" if task else "")
-
-
-def _checked_task(task: str) -> str:
-    if not task.strip():
-        raise CliError("the task is empty", code=EXIT_USAGE)
-    size = len(task.encode())
-    if size > MAX_TASK_BYTES:
-        raise CliError(f"the task is {size:,} bytes; at most {MAX_TASK_BYTES:,} fit in a run's input", code=EXIT_USAGE)
-    return task
 
 
 async def _start_fork(

@@ -139,6 +139,11 @@ def read_task(args: argparse.Namespace) -> str:
         raise CliError('run needs a task: starter.py run "TASK" (or --task-file FILE, - for stdin)', code=EXIT_USAGE)
     else:
         task = args.task  # main checked it is UTF-8
+    return checked_task(task)
+
+
+def checked_task(task: str) -> str:
+    """``task`` if it is not blank and fits in a run's input; a usage error saying which it is not."""
     if not task.strip():
         raise CliError("the task is empty", code=EXIT_USAGE)
     size = len(task.encode())
