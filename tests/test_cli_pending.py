@@ -66,7 +66,7 @@ async def plain_env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
-def _model(sink: HttpSink) -> Any:
+def waits_or_answers(sink: HttpSink) -> Any:
     """Runs whose task starts with ``wait`` ask for a POST (held for approval); the others answer."""
 
     def reply(body: dict[str, Any]) -> Scripted:
@@ -126,7 +126,7 @@ async def test_pending_finds_waiting_runs_by_search_attribute_among_many_running
     address = client.service_client.config.target_host
     runtime.search_attributes_ready = True  # as the worker's plugin sets it on a namespace that has them
     with HttpSink() as sink:
-        llm.default = _model(sink)
+        llm.default = waits_or_answers(sink)
         async with run_worker(client, runtime) as task_queue:
             waiting = await _start_waiting(client, task_queue, 3)
             done = await start_agent(client, task_queue, id_prefix="done", task="answer")
@@ -150,7 +150,7 @@ async def test_pending_without_the_search_attribute_asks_every_running_run(
     client = plain_env.client
     address = client.service_client.config.target_host
     with HttpSink() as sink:
-        llm.default = _model(sink)
+        llm.default = waits_or_answers(sink)
         async with run_worker(client, runtime) as task_queue:
             waiting = await _start_waiting(client, task_queue, 55)  # more than one page of the old listing
             done = await start_agent(client, task_queue, id_prefix="done", task="answer")

@@ -36,7 +36,8 @@ from durable_agents.cli.main import COMMANDS, build_parser, main
 from durable_agents.cli.runs import list_query
 from tests.conftest import TEMPORAL_CLI, WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.fakes.llm_server import FakeLLMServer
+from tests.test_cli_pending import waits_or_answers
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,17 +105,6 @@ async def starter(
     return code, out, err, calls
 
 
-def _model(sink: HttpSink) -> Any:
-    def reply(body: dict[str, Any]) -> Scripted:
-        task = next((str(m.get("content")) for m in body.get("messages", []) if m.get("role") == "user"), "")
-        if task.startswith("wait") and len(body.get("messages", [])) <= 2:
-            post = json.dumps({"method": "POST", "url": f"{sink.url}/orders", "json": {"task": task}})
-            return Scripted(tool_calls=[("http_request", post)])
-        return Scripted(text="done")
-
-    return reply
-
-
 async def _count(client: Client, query: str) -> int:
     return (await client.count_workflows(query)).count
 
@@ -153,7 +143,7 @@ async def test_pending_and_list_through_the_search_attributes(
     settings = runtime.settings
     runtime.search_attributes_ready = True  # as the worker's plugin sets it on a namespace that has them
     with HttpSink() as sink:
-        llm.default = _model(sink)
+        llm.default = waits_or_answers(sink)
         async with run_worker(client, runtime) as task_queue:
             starts = [
                 start_agent(client, task_queue, id_prefix=f"wait-{PREFIX[tenant]}", task=f"wait {n}", tenant=tenant)

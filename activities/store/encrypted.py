@@ -25,20 +25,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import zlib
 from typing import Any
 
 from activities.crypto.keyring import KeyRing, KeyRingError
 from activities.store.base import MAX_BLOB_BYTES, RunStore, StoredMessage, StoreError
 from activities.store.budget import BudgetSpent, BudgetVerdict
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
+from activities.store.packing import pack_bytes, unpack_bytes
 from workflows.types import Message
 
 META_MARK = "da.enc"
 TEXT_MARK = "da.enc1:"
 BLOB_MAGIC = b"DAENC1"
-PACK_AT = 512  # bytes: shorter plaintexts are not worth compressing
-MAX_INFLATED = 256 * 1024 * 1024
 _MESSAGE, _TEXT, _BLOB = b"transcript", b"ledger", b"blob"
 
 
@@ -52,26 +50,14 @@ class EncryptedRunStore:
     # --- sealing ------------------------------------------------------------------
 
     def _seal(self, data: bytes, context: bytes, *, deterministic: bool = False) -> tuple[str, bytes]:
-        packed = zlib.compress(data, 6) if len(data) >= PACK_AT else data
-        framed = b"z" + packed if len(packed) < len(data) else b"r" + data
-        return self.keyring.encrypt(framed, context, deterministic=deterministic)
+        return self.keyring.encrypt(pack_bytes(data), context, deterministic=deterministic)
 
     def _open(self, key_id: str, sealed: bytes, context: bytes, what: str) -> bytes:
         try:
             framed = self.keyring.decrypt(key_id, sealed, context)
         except KeyRingError as exc:
             raise StoreError(f"cannot decrypt {what}: {exc}") from None
-        if framed[:1] == b"r":
-            return framed[1:]
-        if framed[:1] == b"z":
-            inflater = zlib.decompressobj()
-            try:
-                data = inflater.decompress(framed[1:], MAX_INFLATED)
-            except zlib.error as exc:
-                raise StoreError(f"{what} does not decompress after decryption: {exc}") from None
-            if not inflater.unconsumed_tail:
-                return data
-        raise StoreError(f"{what} decrypts to an unknown framing")
+        return unpack_bytes(framed, f"{what} (decrypted)")
 
     def _seal_text(self, text: str) -> str:
         if not text:
