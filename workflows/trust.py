@@ -47,7 +47,7 @@ class Lineage:
 
     workflow_id: str
     first_run_id: str  # the first run of its continue-as-new chain (kept by resets too)
-    continued: bool  # started by continue-as-new (``continued_run_id`` is set) and not a cron run or a retry
+    continued: bool  # ``continued_run_id`` is set: started by continue-as-new (or a cron run or a retry)
     parent_workflow_id: str | None  # None: started from outside (a client, the CLI, a schedule)
 
     @classmethod
@@ -56,8 +56,10 @@ class Lineage:
         return cls(
             workflow_id=info.workflow_id,
             first_run_id=info.first_execution_run_id,
-            # A cron run or a workflow retry also names the run before it, and gets the first run's input.
-            continued=bool(info.continued_run_id) and not info.cron_schedule and info.attempt <= 1,
+            # A cron run or a workflow retry names the run before it too, and gets that run's input: a carry
+            # sent from outside in it still fails, since its conversation must name this chain's first run,
+            # whose id the server made after the input was sent.
+            continued=bool(info.continued_run_id),
             parent_workflow_id=info.parent.workflow_id if info.parent else None,
         )
 
