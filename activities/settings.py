@@ -197,6 +197,7 @@ class Settings:
     subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
     mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
     approval_key: SecretStr | None = None
+    allow_fork_input: bool = True  # AGENT_ALLOW_FORK_INPUT=0: a run input's ``fork`` is refused (fork_prepare)
     reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
     # The rest of the environment, for operator extensions (``variable``); never printed.
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
@@ -260,6 +261,7 @@ class Settings:
             subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
             mcp_config=reader.text("AGENT_MCP_CONFIG"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
+            allow_fork_input=reader.flag("AGENT_ALLOW_FORK_INPUT", True),
             reviewer=reader.text("USER") or "cli",
             environ=MappingProxyType(env),
         )
@@ -335,6 +337,14 @@ class _Reader:
         if value < minimum:
             raise ConfigurationError(f"{name}={raw!r} must be at least {minimum:g}")
         return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.text(name).lower()
+        if not raw:
+            return default
+        if raw not in (*_TRUE, *_FALSE):
+            raise ConfigurationError(f"{name}={self.text(name)!r}: expected 1 or 0")
+        return raw in _TRUE
 
     def integer(self, name: str, default: int, *, low: int, high: int) -> int:
         raw = self.text(name)

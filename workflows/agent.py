@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policy import Policy, parse_run_policy
     from workflows.progress import FORK_OF, PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.tool_calls import ToolCallRunner
+    from workflows.trust import Lineage, input_problem
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
         MAX_CHILD_APPROVALS,
@@ -107,6 +108,8 @@ class AgentWorkflow:
         # Decoded once, here, because the stream must be rebuilt here; ``run`` fails the run when
         # the input is invalid, on its first workflow task.
         decoded = decode(raw, AgentInput, extra)
+        if isinstance(decoded, AgentInput):  # nothing of a runtime-only field is used unless it is backed
+            decoded = input_problem(decoded, Lineage.of_this_run()) or decoded
         self._input = decoded if isinstance(decoded, AgentInput) else None
         self._input_problem = decoded if isinstance(decoded, str) else ""
         carry = self._input.carry if self._input else None
@@ -346,9 +349,9 @@ class AgentWorkflow:
     @workflow.run
     @one_payload
     async def run(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> AgentResult:
-        """Run the agent. ``raw`` (decoded in ``__init__``) must be an ``AgentInput``; anything else
-        fails the run on its first workflow task with ``invalid run input: ...``, never a workflow
-        task retried forever."""
+        """Run the agent. ``raw`` (decoded in ``__init__``) must be an ``AgentInput`` whose runtime-only
+        fields this run's lineage backs (``workflows.trust``); anything else fails the run on its first
+        workflow task with ``invalid run input: ...``, never a workflow task retried forever."""
         if self._input is None:
             raise _invalid_input(self._input_problem)
         inp = self._input
@@ -452,14 +455,6 @@ class AgentWorkflow:
             Message(role="user", content=inp.task),
         ]
         self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]
-        if inp.parent_conversation and (
-            info.parent is None or not inp.parent_conversation.startswith(f"{info.parent.workflow_id}/")
-        ):
-            raise _invalid_input("parent_conversation: only a sub-agent may work in its own parent's sandbox")
-        if inp.budget is not None and info.parent is None:
-            raise _invalid_input("budget: only a sub-agent spends from a tree's budget (set by its parent)")
-        if inp.checkpoint and not inp.parent_conversation:
-            raise _invalid_input("checkpoint: only a sub-agent working in its parent's sandbox starts from one")
         carry = Carry(
             conversation_id=conversation_id,
             step=0,
@@ -504,7 +499,7 @@ class AgentWorkflow:
         try:
             result: ForkResult = await workflow.execute_activity(
                 "fork_prepare",
-                ForkRequest(source=inp.fork, conversation_id=conversation_id, task=inp.task),
+                ForkRequest(source=inp.fork, conversation_id=conversation_id, task=inp.task, tenant=inp.tenant),
                 result_type=ForkResult,
                 start_to_close_timeout=timedelta(seconds=120),
                 retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["InvalidInput"]),
@@ -514,7 +509,8 @@ class AgentWorkflow:
         except ActivityError as err:
             if is_cancelled_exception(err):
                 raise
-            raise _invalid_input(f"fork: {safe(cause_text(err), MESSAGE_MAX)}") from None
+            refusal = err.cause.message if isinstance(err.cause, ApplicationError) else cause_text(err)
+            raise _invalid_input(f"fork: {safe(refusal, MESSAGE_MAX)}") from None
 
     async def _loop(self, inp: AgentInput, carry: Carry) -> AgentResult:
         while True:

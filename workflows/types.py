@@ -517,6 +517,7 @@ class ForkRequest(BaseModel):
     source: ForkSpec
     conversation_id: str  # the fork's own
     task: str = ""  # a new instruction after the source's steps ("" for none)
+    tenant: str = ""  # the fork's own (its input's); the source's must be the same
 
 
 class ForkResult(BaseModel):
