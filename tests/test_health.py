@@ -65,7 +65,8 @@ async def wait_for_status(port: int, path: str, status: int) -> dict[str, Any]:
         assert code == status, (code, body)
         return (body,)
 
-    return (await eventually(answered, f"{path} answers {status}", every_s=0.1))[0]
+    found: dict[str, Any] = (await eventually(answered, f"{path} answers {status}", every_s=0.1))[0]
+    return found
 
 
 def with_health(settings: Settings, port: int, **changes: Any) -> Settings:

@@ -80,7 +80,7 @@ async def test_hostile_runs_cannot_hurt_ordinary_ones(
             answered_during_attack = 0
             for _ in range(5):
                 await ordinary[0].query(AgentWorkflow.status, rpc_timeout=timedelta(seconds=30))
-                if any((await h.describe()).status == WorkflowExecutionStatus.RUNNING for h in hostile):
+                if WorkflowExecutionStatus.RUNNING in [(await h.describe()).status for h in hostile]:
                     answered_during_attack += 1
 
             results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in [*ordinary, *hostile, filler])), 120)

@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -26,13 +26,23 @@ class NeverHappened(AssertionError):
     """The awaited event did not happen before the deadline."""
 
 
+@overload
 async def eventually(
-    check: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
+    check: Callable[[], Awaitable[T | None]], what: str, *, within_s: float = ..., every_s: float = ...
+) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T | None], what: str, *, within_s: float = ..., every_s: float = ...) -> T: ...
+
+
+async def eventually(
+    check: Callable[[], Any],
     what: str,
     *,
     within_s: float = DEADLINE_S,
     every_s: float = EVERY_S,
-) -> T:
+) -> Any:
     """The first truthy value ``check()`` returns (awaited when it is a coroutine function).
 
     An ``AssertionError`` raised by ``check`` counts as "not yet"; the last one (or the last
@@ -46,7 +56,7 @@ async def eventually(
             if inspect.isawaitable(value):
                 value = await value
             if value:
-                return value  # type: ignore[return-value]
+                return value
             last = value
         except AssertionError as exc:
             last = exc
