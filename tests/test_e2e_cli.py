@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import TEMPORAL_CLI
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-e2e-SECRET-0123456789"
@@ -127,13 +127,13 @@ def test_temporal_cli_with_defaults_only_task(worker_env: tuple[Cli, Path], llm:
     result = cli.temporal("workflow", "result", "--workflow-id", "e2e-cli", "--output", "json")
     assert result.returncode == 0, result.stderr
     assert '"status": "completed"' in result.stdout.replace('":"', '": "')
-    deadline = time.monotonic() + 20
-    while True:  # the query needs the worker; it answers for closed runs too
+
+    def answered() -> subprocess.CompletedProcess[str] | None:  # the query needs the worker; closed runs answer too
         query = cli.temporal("workflow", "query", "--workflow-id", "e2e-cli", "--name", "status", "--output", "json")
-        if query.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert query.returncode == 0, query.stderr
+        assert query.returncode == 0, query.stderr
+        return query
+
+    query = eventually_sync(answered, "the status query of e2e-cli is answered", every_s=0.2)
     assert '"completed"' in query.stdout
 
 
@@ -174,14 +174,14 @@ def test_bad_input_and_bad_signals_are_refused_cleanly(worker_env: tuple[Cli, Pa
     llm.enqueue(Scripted(tool_calls=[("http_request", '{"method": "POST", "url": "http://127.0.0.1:9/x"}')]))
     llm.enqueue(Scripted(text="finished anyway"))
     cli.start_run("e2e-bad-signal", '{"task": "post something"}')
-    deadline = time.monotonic() + 20
-    pending: list[dict[str, Any]] = []
-    while not pending and time.monotonic() < deadline:
+
+    def waiting() -> list[dict[str, Any]]:
         query = cli.temporal("workflow", "query", "--workflow-id", "e2e-bad-signal", "--name", "status", "-o", "json")
-        if query.returncode == 0:
-            pending = json.loads(query.stdout)["queryResult"][0]["pending_approvals"]
-        time.sleep(0.2)
-    assert pending, "the POST should be waiting for approval"
+        assert query.returncode == 0, query.stderr
+        found: list[dict[str, Any]] = json.loads(query.stdout)["queryResult"][0]["pending_approvals"]
+        return found
+
+    pending = eventually_sync(waiting, "the POST waits for approval", every_s=0.2)
     garbage = cli.temporal(
         "workflow", "signal", "--workflow-id", "e2e-bad-signal", "--name", "approve", "--input", '{"reviewer": 7}'
     )

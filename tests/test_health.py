@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from durable_agents.health import WorkerHealth
 from tests.conftest import start_agent
 from tests.fakes import slow_tools
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually
 from worker import build_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,19 +54,19 @@ async def get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str,
     return status, (json.loads(body) if body else {})
 
 
-async def wait_for_status(port: int, path: str, status: int, within: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + within
-    last: object = None
-    while time.monotonic() < deadline:
+async def wait_for_status(port: int, path: str, status: int) -> dict[str, Any]:
+    """The body of ``path`` once it answers ``status``."""
+
+    async def answered() -> tuple[dict[str, Any]] | None:
         try:
             code, body = await get(port, path)
-            if code == status:
-                return body
-            last = (code, body)
         except OSError as exc:
-            last = exc
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{path} never answered {status}; last: {last!r}")
+            raise AssertionError(f"not listening: {exc}") from None
+        assert code == status, (code, body)
+        return (body,)
+
+    found: dict[str, Any] = (await eventually(answered, f"{path} answers {status}", every_s=0.1))[0]
+    return found
 
 
 def with_health(settings: Settings, port: int, **changes: Any) -> Settings:
@@ -92,13 +92,14 @@ async def test_ready_while_polling_not_ready_once_shutdown_begins(
 
         llm.enqueue(Scripted(tool_calls=[("slow_lookup", '{"key": "k"}')]), Scripted(text="done"))
         handle = await start_agent(dev_env.client, task_queue, tools=["slow_lookup"])
-        deadline = time.monotonic() + 20
-        while not (await handle.describe()).raw_description.pending_activities:
-            assert time.monotonic() < deadline, "the slow tool never started"
-            await asyncio.sleep(0.05)
+
+        async def slow_tool_started() -> bool:
+            return bool((await handle.describe()).raw_description.pending_activities)
+
+        await eventually(slow_tool_started, "the slow tool starts")
 
         shutdown = asyncio.create_task(worker.shutdown())
-        body = await wait_for_status(port, "/readyz", 503, within=3)
+        body = await wait_for_status(port, "/readyz", 503)
         assert body == {"status": "not_ready", "task_queue": task_queue, "polling": False}
         assert not shutdown.done(), "the drain was over before readiness was asked: the test proves nothing"
         assert await get(port, "/healthz") == (200, {"status": "ok", "task_queue": task_queue, "polling": False})
@@ -213,7 +214,7 @@ def test_worker_process_serves_health_with_its_settings(dev_env: WorkflowEnviron
         [sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        body = asyncio.run(wait_for_status(port, "/readyz", 200, within=60))
+        body = asyncio.run(wait_for_status(port, "/readyz", 200))
         assert body == {"status": "ready", "task_queue": task_queue, "polling": True}
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)

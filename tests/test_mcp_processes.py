@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.fakes.worker_proc import WorkerProc, async_wait_until, task_of, worker_env, write_policy
 from tests.mcp_servers import read_ledger
+from tests.waiting import DEADLINE_S, eventually
 from workflows.types import AgentInput, AgentResult, ResolveSignal, StatusView
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,6 @@ def test_bad_mcp_config_stops_the_worker_at_start_with_one_line(
         "TEMPORAL_ADDRESS": "127.0.0.1:1",  # never reached: configuration is checked first
         "AGENT_MCP_CONFIG": str(config),
     }
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(ROOT / "worker.py")],
         env=env,
@@ -104,10 +103,8 @@ def test_bad_mcp_config_stops_the_worker_at_start_with_one_line(
         timeout=30,
         check=False,
     )
-    took = time.monotonic() - started
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr
-    assert took < 15, f"the worker took {took:.1f} s to refuse its configuration"
     assert len(lines) == 1, done.stderr + done.stdout
     assert "Traceback" not in done.stderr
     record = json.loads(lines[0])
@@ -225,15 +222,12 @@ def process_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-async def pending_unknown(handle: WorkflowHandle[Any, AgentResult], within_s: float) -> StatusView:
-    deadline = time.monotonic() + within_s
-    while True:
+async def pending_unknown(handle: WorkflowHandle[Any, AgentResult], within_s: float = DEADLINE_S) -> StatusView:
+    async def waiting() -> StatusView | None:
         status: StatusView = await handle.query("status", result_type=StatusView)
-        if any(p.kind == "resolve_unknown_outcome" for p in status.pending_approvals):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no resolve_unknown_outcome approval within {within_s}s: {status}")
-        await asyncio.sleep(0.2)
+        return status if any(p.kind == "resolve_unknown_outcome" for p in status.pending_approvals) else None
+
+    return await eventually(waiting, "a resolve_unknown_outcome approval", within_s=within_s, every_s=0.2)
 
 
 def split_ledger(ledger: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,19 +254,16 @@ async def test_a_read_only_call_over_its_timeout_is_an_error_naming_the_timeout(
     )
     try:
         async with run_worker(dev_env.client, runtime) as tq:
-            began = time.monotonic()
             handle = await start_agent(
                 dev_env.client, tq, id_prefix="mcp-timeout", tools=["mcp__ev__trigger-long-running-operation"]
             )
             result = await finish(handle)
-            took = time.monotonic() - began
     finally:
         await runtime.aclose()
     assert result.status == "completed", result.output
     [answer] = tool_messages(llm, 1)
     assert answer.startswith("Error:"), answer
     assert "did not answer within 2 s" in answer and "trigger-long-running-operation" in answer
-    assert took < 20, took
 
 
 async def test_a_stdio_call_over_its_timeout_is_an_error_and_the_server_still_answers_after(
@@ -283,7 +279,6 @@ async def test_a_stdio_call_over_its_timeout_is_an_error_and_the_server_still_an
     )
     try:
         async with run_worker(dev_env.client, runtime) as tq:
-            began = time.monotonic()
             handle = await start_agent(
                 dev_env.client,
                 tq,
@@ -291,7 +286,6 @@ async def test_a_stdio_call_over_its_timeout_is_an_error_and_the_server_still_an
                 tools=["mcp__shop__slow_order", "mcp__shop__lookup_order"],
             )
             result = await finish(handle)
-            took = time.monotonic() - began
     finally:
         await runtime.aclose()
     assert result.status == "completed", result.output
@@ -299,7 +293,6 @@ async def test_a_stdio_call_over_its_timeout_is_an_error_and_the_server_still_an
     assert timed_out.startswith("Error:") and "did not answer within 2 s" in timed_out, timed_out
     assert "shop.slow_order" in timed_out
     assert looked_up == "order C-3: 1 x widget, shipped"
-    assert took < 20, took
     # read_only made it a direct call: no ledger claim, and the shop never finished it
     assert [e.get("event") for e in read_ledger(ledger)] == ["started"]
 

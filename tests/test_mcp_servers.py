@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.mcp_servers import (
     url,
 )
 from tests.mcp_servers import everything_http as everything_http_server
+from tests.waiting import eventually
 
 CALL_TIMEOUT_S = 15.0
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -193,22 +193,18 @@ async def test_always_fails_is_error(transport: str, tmp_path: Path) -> None:
     assert "unavailable" in text_of(result)
 
 
-async def wait_for_started(ledger: Path, limit_s: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        started = [r for r in read_ledger(ledger) if r.get("event") == "started"]
-        if started:
-            return started[0]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"slow_order never started; ledger: {read_ledger(ledger)}")
+async def wait_for_started(ledger: Path) -> dict[str, Any]:
+    def started() -> dict[str, Any] | None:
+        return next((r for r in read_ledger(ledger) if r.get("event") == "started"), None)
+
+    return await eventually(started, "slow_order starts")
 
 
-async def kill_when_started(ledger: Path) -> float:
-    """SIGKILL the orders server once its slow_order has started (its pid is in the ledger); when it died."""
+async def kill_when_started(ledger: Path) -> None:
+    """SIGKILL the orders server once its slow_order has started (its pid is in the ledger)."""
     started = await wait_for_started(ledger)
     assert started["key"] == "k-slow"
     os.kill(started["pid"], signal.SIGKILL)
-    return time.monotonic()
 
 
 def assert_started_but_not_delivered(ledger: Path) -> None:
@@ -223,10 +219,9 @@ async def test_server_killed_mid_call_over_stdio_raises_mcp_error(tmp_path: Path
     ledger = tmp_path / "ledger.jsonl"
     async with orders_client("stdio", ledger) as client:
         call = asyncio.ensure_future(client.call_tool("slow_order", SLOW_ARGS, meta=key_meta("k-slow")))
-        killed_at = await kill_when_started(ledger)
-        with pytest.raises(MCPError) as raised:
+        await kill_when_started(ledger)
+        with pytest.raises(MCPError) as raised:  # the server's death, not a timeout (that raises TimeoutError)
             await asyncio.wait_for(call, timeout=CALL_TIMEOUT_S)
-        assert time.monotonic() - killed_at < 5.0, "the call should fail when the server dies, not time out"
     assert raised.value.error.code == CONNECTION_CLOSED
     assert_started_but_not_delivered(ledger)
 
@@ -241,7 +236,7 @@ async def test_server_killed_mid_call_over_http_tears_down_the_client(tmp_path: 
     with pytest.raises(BaseExceptionGroup) as raised:
         async with orders_client("http", ledger) as client:
             await client.call_tool("slow_order", SLOW_ARGS, meta=key_meta("k-slow"))
-    assert time.monotonic() - await killer < 5.0, "the call should fail when the server dies, not time out"
+    await killer
     assert raised.group_contains(httpx2.RemoteProtocolError, depth=1)
     assert_started_but_not_delivered(ledger)
 
@@ -255,8 +250,7 @@ async def test_server_killed_mid_call_over_http_raises_mcp_error(tmp_path: Path)
     ledger = tmp_path / "ledger.jsonl"
     async with orders_client("http", ledger) as client:
         call = asyncio.ensure_future(client.call_tool("slow_order", SLOW_ARGS, meta=key_meta("k-slow")))
-        killed_at = await kill_when_started(ledger)
+        await kill_when_started(ledger)
         with pytest.raises(MCPError):
             await asyncio.wait_for(call, timeout=CALL_TIMEOUT_S)
-        assert time.monotonic() - killed_at < 5.0
     assert_started_but_not_delivered(ledger)

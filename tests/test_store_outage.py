@@ -15,7 +15,6 @@ import asyncio
 import logging
 import sqlite3
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -38,6 +37,7 @@ from tests.fakes.dedupe_server import DedupeServer
 from tests.fakes.llm_server import FakeLLMServer
 from tests.fakes.worker_proc import orders_model, write_policy
 from tests.pg import StoppablePostgres
+from tests.waiting import eventually
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, AgentResult
@@ -52,14 +52,6 @@ Outage = Callable[[], Awaitable[None]]
 
 async def _results(handles: list[WorkflowHandle[Any, AgentResult]]) -> list[AgentResult]:
     return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), RESULT_WITHIN_S)
-
-
-async def _wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def _survive(
@@ -101,11 +93,14 @@ async def _survive(
                 )
 
             handles = [await start(i) for i in range(EARLY_RUNS)]
-            await _wait_for(lambda: len(api.writes("/orders")) >= EARLY_RUNS, 60, "the first POSTs to be in flight")
-            started = time.monotonic()
+            await eventually(lambda: len(api.writes("/orders")) >= EARLY_RUNS, "the first POSTs are in flight")
             await begin()
             handles += [await start(i) for i in range(EARLY_RUNS, RUNS)]  # their model turns meet the outage
-            await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - started)))
+            # The outage lasts until the worker has seen it and the slow POSTs answered into it.
+            await eventually(
+                lambda: any(e["event"] == "store_unavailable" for e in events), "the worker sees the outage"
+            )
+            await asyncio.sleep(outage_s)  # the scenario: how long the store stays away, not a wait for an event
             await end()
             results = await _results(handles)
         await runtime.aclose()
@@ -124,7 +119,7 @@ async def _survive(
     [down] = [e for e in events if e["event"] == "store_unavailable"]
     [up] = [e for e in events if e["event"] == "store_recovered"]
     assert down["log_level"] == "warning" and up["log_level"] == "info"
-    assert up["failed_calls"] >= 1 and 0 < up["outage_s"] < outage_s + 30
+    assert up["failed_calls"] >= 1 and up["outage_s"] > 0
     assert names.index("store_unavailable") < names.index("store_recovered")
     assert "store_write_retrying" not in [e["event"] for e in events if e["log_level"] == "warning"]
     # No connection-pool chatter and no traceback per failed attempt.
