@@ -67,12 +67,32 @@ class Delegator:
         self.on_child_ended = on_child_ended or (lambda _: None)
         self.children: dict[str, str] = {}  # child workflow id -> what it did
         self.turn_bytes = 0  # of the child inputs started in the current model turn
+        # Resolved when the turn's latest delegation started its child (or gave up): each waits for the one
+        # before it, so that children start in call order however their tree_run_reserve activities return.
+        self._started: asyncio.Future[None] | None = None
 
     def start_turn(self) -> None:
-        self.turn_bytes = 0
+        self.turn_bytes, self._started = 0, None
 
     async def result(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int) -> tuple[str, bool]:
         """The child's output as the call's result (or why it was not started), and whether it completed."""
+        previous, started = self._started, asyncio.get_running_loop().create_future()
+        self._started = started
+        try:
+            return await self._result(inp, carry, call, index, previous, started)
+        finally:
+            if not started.done():
+                started.set_result(None)
+
+    async def _result(
+        self,
+        inp: AgentInput,
+        carry: Carry,
+        call: ToolCall,
+        index: int,
+        previous: asyncio.Future[None] | None,
+        started: asyncio.Future[None],
+    ) -> tuple[str, bool]:
         definition = carry.subagents.get(call.name)
         if definition is None:  # validated by the model activity against this same list
             return f"Error: unknown sub-agent {call.name!r}.", False
@@ -106,9 +126,12 @@ class Delegator:
             refusal = await _count_run(carry, call, child_id)
             if refusal:
                 return refusal, False
+        if previous is not None:
+            await previous  # done at once unless an earlier call of this turn still waits for its count
         if definition.share_sandbox and not carry.sandbox_id:
             # The child creates it (idempotent id) when it first needs it; this run kills it at its end.
             carry.sandbox_id = sandbox_id_for(carry.conversation_id)
+        started.set_result(None)  # this child's start command goes out in this same step, before the next one's
         return await self._run_child(carry, call, definition, child, child_id)
 
     async def _run_child(
