@@ -304,7 +304,7 @@ def input_size_problem(inp: AgentInput) -> str:
     size = len(inp.model_dump_json(exclude={"carry"}).encode())
     if size <= MAX_RUN_INPUT_BYTES:
         return ""
-    return f"{size} bytes, over the limit of {MAX_RUN_INPUT_BYTES} bytes (the sub-agents' system prompts and the task)"
+    return f"the input is {size} bytes, over the limit of {MAX_RUN_INPUT_BYTES} bytes (count its task and prompts)"
 
 
 def reference_problem(inp: AgentInput, parent: ParentInfo | None) -> str:
