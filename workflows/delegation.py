@@ -50,6 +50,9 @@ TREE_RUNS_PATCH = "tree-runs-v1"
 # A run input over MAX_RUN_INPUT_BYTES is refused (decided only for such inputs: runs recorded before
 # with one replay unchanged).
 INPUT_SIZE_PATCH = "run-input-size-v1"
+# A child start refused for what runs recorded before started anyway: a parent with no steps left, a start
+# input too large (decided only when it refuses, so those runs replay their starts).
+CHILD_REFUSALS_PATCH = "child-refusals-v1"
 MAX_SUBAGENT_RESULT_CHARS = 32 * 1024  # of a child's output, as the parent's tool result
 
 
@@ -102,19 +105,21 @@ class Delegator:
         limits = child_limits(definition.limits or Limits(), inp.limits, carry, workflow.now().timestamp())
         if isinstance(limits, str):
             return f"Error: {limits}; {call.name} was not started.", False
+        if parent_steps_left(inp.limits, carry) < 1 and workflow.patched(CHILD_REFUSALS_PATCH):
+            return f"Error: max_steps={inp.limits.max_steps} reached; {call.name} was not started.", False
         task = str(call.arguments.get("task", ""))
         try:
             child = child_input(inp, carry, call.name, definition, task, limits)
         except ValidationError as err:  # a task the model sent that no run input may hold
             return f"Error: {call.name} was not started: {problems(err)}", False
         size = len(child.model_dump_json().encode())
-        if size > MAX_RUN_INPUT_BYTES:
+        if size > MAX_RUN_INPUT_BYTES and workflow.patched(CHILD_REFUSALS_PATCH):
             return (
                 f"Error: {call.name}'s start input would be {size} bytes, over the limit of {MAX_RUN_INPUT_BYTES}; "
                 f"it was not started (give it a shorter task).",
                 False,
             )
-        if self.turn_bytes + size > MAX_TURN_CHILD_INPUT_BYTES:
+        if self.turn_bytes + size > MAX_TURN_CHILD_INPUT_BYTES and workflow.patched(CHILD_REFUSALS_PATCH):
             return (
                 f"Error: this turn's sub-agent starts would be over {MAX_TURN_CHILD_INPUT_BYTES} bytes together; "
                 f"{call.name} was not started (call it again in a later turn).",
@@ -260,18 +265,20 @@ def child_limits(own: Limits, parent: Limits, carry: Carry, now: float) -> Limit
     seconds = int(deadline(parent, carry) - now)
     if seconds < 1:
         return f"timeout_s={parent.timeout_s} reached"
-    steps = parent.max_steps - (carry.step - carry.forked_at_step)  # the parent's steps after this one
-    if steps < 1:
-        return f"max_steps={parent.max_steps} reached"
     return own.model_copy(
         update={
-            "max_steps": min(own.max_steps, steps),
+            "max_steps": min(own.max_steps, max(1, parent_steps_left(parent, carry))),
             "max_tokens": min(own.max_tokens, tokens),
             "max_cost_usd": cost,
             "timeout_s": min(own.timeout_s, seconds),
             "max_depth": min(own.max_depth, parent.max_depth, carry.max_depth),
         }
     )
+
+
+def parent_steps_left(parent: Limits, carry: Carry) -> int:
+    """The model turns the parent has after the current one (a fork counts its own steps)."""
+    return parent.max_steps - (carry.step - carry.forked_at_step)
 
 
 def child_policy(parent: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
