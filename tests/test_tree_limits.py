@@ -11,11 +11,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.models.anthropic import AnthropicProvider
+from activities.models.base import ProviderReply, complete_capped, prompt_tokens_bound
+from activities.models.openai import OpenAIProvider
 from activities.runtime import Runtime
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentResult, Limits, SubagentDef
+from workflows.types import AgentResult, Limits, Message, SubagentDef
 
 RESULT_DEADLINE_S = 300  # generous: a run that dies never completes, so its result is awaited with a bound
 
@@ -263,3 +266,47 @@ async def test_sub_agent_definitions_by_digest_are_refused_from_outside(
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)
     assert "invalid run input: subagents_ref: only a sub-agent" in str(failure.value.cause)
+
+
+# --- the output cap reaches the providers that take it, and only those -----------------------
+
+
+class OldStyleProvider:
+    """A custom provider written before the output cap existed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
+        self.calls += 1
+        return ProviderReply(text="old", output_tokens=7)
+
+
+class CappedStyleProvider:
+    def __init__(self) -> None:
+        self.caps: list[int] = []
+
+    async def complete(
+        self, model: str, messages: list[Message], tools: list[dict[str, Any]], **options: Any
+    ) -> ProviderReply:
+        self.caps.append(options["max_output_tokens"])
+        return ProviderReply(text="new")
+
+
+async def test_the_output_cap_is_sent_only_to_providers_that_take_it(llm: FakeLLMServer) -> None:
+    old, new = OldStyleProvider(), CappedStyleProvider()
+    messages = [Message(role="user", content="hi")]
+    assert (await complete_capped(old, "m", messages, [], 123)).text == "old" and old.calls == 1
+    assert (await complete_capped(new, "m", messages, [], 123)).text == "new" and new.caps == [123]
+    async with AnthropicProvider(llm.anthropic_url) as anthropic, OpenAIProvider(llm.openai_url) as openai:
+        await complete_capped(anthropic, "claude", messages, [], 321)
+        await complete_capped(openai, "gpt", messages, [], 321)
+        await openai.complete("gpt", messages, [])  # called directly, without a cap: none is sent
+    assert llm.requests[0]["body"]["max_tokens"] == 321 and llm.requests[1]["body"]["max_tokens"] == 321
+    assert "max_tokens" not in llm.requests[2]["body"]
+
+
+def test_a_prompt_bound_counts_every_byte_of_the_request() -> None:
+    text = "é" * 3000  # 6000 UTF-8 bytes
+    bound = prompt_tokens_bound([Message(role="user", content=text)], [{"name": "t", "description": text}])
+    assert bound >= 12_000 // 3
