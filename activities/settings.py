@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import SecretStr, ValidationError
 
 from activities.crypto.keyring import KeyRing
+from workflows.types import MAX_DEPTH
 
 DEFAULT_STATE_DIR = Path(".agent")
 DEFAULT_UID_BASE = 2_000_000_000
@@ -195,6 +196,11 @@ class Settings:
     prices_file: str = ""
     policy_file: str = ""
     subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
+    # The most one model turn may return (sent to the provider; a tree's budget reserves it per turn).
+    max_output_tokens: int = 4096  # AGENT_MAX_OUTPUT_TOKENS
+    max_subagent_calls_per_turn: int = 10  # AGENT_MAX_SUBAGENT_CALLS_PER_TURN: the extra calls get a tool error
+    max_tree_runs: int = 50  # AGENT_MAX_TREE_RUNS: runs of one tree (its root included), reserved in the run store
+    max_depth: int = 3  # AGENT_MAX_DEPTH: the ceiling of every run's and sub-agent's limits.max_depth
     mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
     approval_key: SecretStr | None = None
     allow_fork_input: bool = True  # AGENT_ALLOW_FORK_INPUT=0: a run input's ``fork`` is refused (fork_prepare)
@@ -259,6 +265,10 @@ class Settings:
             prices_file=reader.text("AGENT_PRICES"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
             subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
+            max_output_tokens=reader.integer("AGENT_MAX_OUTPUT_TOKENS", 4096, low=1, high=1_000_000),
+            max_subagent_calls_per_turn=reader.integer("AGENT_MAX_SUBAGENT_CALLS_PER_TURN", 10, low=0, high=1000),
+            max_tree_runs=reader.integer("AGENT_MAX_TREE_RUNS", 50, low=1, high=1_000_000),
+            max_depth=reader.integer("AGENT_MAX_DEPTH", 3, low=0, high=MAX_DEPTH),
             mcp_config=reader.text("AGENT_MCP_CONFIG"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
             allow_fork_input=reader.flag("AGENT_ALLOW_FORK_INPUT", True),

@@ -4,6 +4,12 @@ The file is a JSON object ``{"name": {"description": ..., "model": ..., "tools":
 "system_prompt": ..., "limits": {...}, "policy": {...}, "share_sandbox": false}}``, validated
 at worker start (a bad file stops the worker with one line) and snapshotted into each run by
 ``run_config``.
+
+A run's resolved definitions are stored once, as a blob of the run store (``store``), and go
+down the tree by digest: the workflow keeps only what it needs of them (``slim``: description,
+limits, policy, share_sandbox), and each child's ``run_config`` reads its own system prompt,
+model and tools, and its own sub-agents, from the blob (``load``). A child start therefore
+weighs the same whatever the definitions weigh.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from activities.settings import ConfigurationError, bad_file
+from activities.store.base import RunStore
 from workflows.policy import parse_run_policy
 from workflows.types import MAX_SUBAGENTS, MCP_PREFIX, SubagentDef, SubagentName
 
@@ -75,3 +82,24 @@ def resolve(
         if why:
             raise ValueError(why)
     return resolved
+
+
+async def store(run_store: RunStore, definitions: Mapping[str, SubagentDef]) -> str:
+    """Store a run's resolved definitions once; their digest (sorted JSON, so equal sets share a blob)."""
+    return await run_store.put_blob(_DEFINITIONS.dump_json(dict(sorted(definitions.items()))))
+
+
+async def load(run_store: RunStore, digest: str) -> dict[str, SubagentDef]:
+    """The definitions stored under ``digest``; ``ValueError`` when the store has none there."""
+    data = await run_store.get_blob(digest)
+    if data is None:
+        raise ValueError(f"the sub-agent definitions {digest} are not in the run store")
+    return _DEFINITIONS.validate_json(data)
+
+
+def slim(definitions: Mapping[str, SubagentDef]) -> dict[str, SubagentDef]:
+    """What a run's workflow keeps of each definition: no system prompt, model or tools (they are in the blob)."""
+    return {
+        name: definition.model_copy(update={"system_prompt": "", "model": "", "tools": None})
+        for name, definition in definitions.items()
+    }

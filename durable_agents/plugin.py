@@ -44,6 +44,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
 from activities.crypto.codec import encrypted_converter
+from activities.delegation import DelegationActivities
 from activities.mcp.activity import McpActivities
 from activities.models.activity import ModelActivities
 from activities.models.registry import ProviderRegistry
@@ -94,6 +95,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         mcp.mcp,
         mcp.mcp_release,
         ForkActivities(runtime).fork_prepare,
+        DelegationActivities(runtime).tree_run_reserve,
         *tool_activities(runtime),
     ]
 

@@ -327,29 +327,38 @@ async def test_nul_in_a_ledger_result_is_stored(postgres_db_url: str) -> None:
 
 async def test_budget_grants_one_turn_alone_then_only_what_fits(store: RunStore) -> None:
     root = f"tree-{uuid.uuid4().hex[:8]}"
-    assert await store.budget_reserve(root, "a/2", 100, 0) == "granted"
-    assert await store.budget_reserve(root, "a/2", 100, 0) == "granted"  # its retry
-    assert await store.budget_reserve(root, "b/2", 100, 0) == "wait"  # no estimate yet
-    await store.budget_settle(root, "a/2", 30, 0.0)
+    assert await store.budget_reserve(root, "a/2", 100, 0, 150) == "granted"  # alone: may overshoot
+    assert await store.budget_reserve(root, "a/2", 100, 0, 150) == "granted"  # its retry
+    assert await store.budget_reserve(root, "b/2", 100, 0, 10) == "wait"  # 150 in flight already
+    await store.budget_settle(root, "a/2", 30, 0.0)  # the reservation becomes what it spent
     await store.budget_settle(root, "a/2", 99, 0.0)  # the first settlement wins
-    assert await store.budget_reserve(root, "b/2", 100, 0) == "granted"  # alone in flight
-    assert await store.budget_reserve(root, "c/2", 100, 0) == "granted"  # 30 + 2 x 30 fit
-    assert await store.budget_reserve(root, "d/2", 100, 0) == "wait"  # 30 + 3 x 30 do not
+    assert await store.budget_reserve(root, "b/2", 100, 0, 40) == "granted"  # alone in flight
+    assert await store.budget_reserve(root, "c/2", 100, 0, 30) == "granted"  # 30 + 40 + 30 fit
+    assert await store.budget_reserve(root, "d/2", 100, 0, 1) == "wait"  # 30 + 40 + 30 + 1 do not
     await store.budget_release(root, "c/2")
-    assert await store.budget_reserve(root, "d/2", 100, 0) == "granted"
+    assert await store.budget_reserve(root, "d/2", 100, 0, 30) == "granted"
     await store.budget_settle(root, "b/2", 40, 0.0)
     await store.budget_settle(root, "d/2", 40, 0.0)
-    assert await store.budget_reserve(root, "e/2", 100, 0) == "exhausted"
+    assert await store.budget_reserve(root, "e/2", 100, 0, 1) == "exhausted"
     spent = await store.budget_spent(root)
     assert (spent.tokens, spent.turns, spent.in_flight) == (110, 3, 0)
 
 
 async def test_budget_caps_cost_too(store: RunStore) -> None:
     root = f"tree-{uuid.uuid4().hex[:8]}"
-    assert await store.budget_reserve(root, "a", 10**6, 1.0) == "granted"
+    assert await store.budget_reserve(root, "a", 10**6, 1.0, 10, 0.7) == "granted"
+    assert await store.budget_reserve(root, "b", 10**6, 1.0, 10, 0.4) == "wait"  # 0.7 + 0.4 > 1
     await store.budget_settle(root, "a", 10, 0.6)
-    assert await store.budget_reserve(root, "b", 10**6, 1.0) == "granted"
-    assert await store.budget_reserve(root, "c", 10**6, 1.0) == "wait"
+    assert await store.budget_reserve(root, "b", 10**6, 1.0, 10, 0.5) == "granted"
+    assert await store.budget_reserve(root, "c", 10**6, 1.0, 10, 0.1) == "wait"
     await store.budget_settle(root, "b", 10, 0.6)
-    assert await store.budget_reserve(root, "c", 10**6, 1.0) == "exhausted"
+    assert await store.budget_reserve(root, "c", 10**6, 1.0, 10, 0.1) == "exhausted"
     assert (await store.budget_spent(root)).cost_usd == 1.2
+
+
+async def test_tree_runs_are_counted_up_to_the_cap(store: RunStore) -> None:
+    root = f"tree-{uuid.uuid4().hex[:8]}"
+    assert [await store.tree_run_reserve(root, f"child-{i}", 3) for i in range(5)] == [True] * 3 + [False] * 2
+    assert await store.tree_run_reserve(root, "child-1", 3)  # a retry of a counted start
+    assert await store.tree_runs(root) == 3
+    assert await store.tree_run_reserve(f"{root}-other", "child-0", 3)  # trees are counted apart

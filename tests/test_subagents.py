@@ -21,8 +21,8 @@ from durable_agents.cli.watch import watch
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
+from workflows.delegation import child_policy
 from workflows.identity import sandbox_id_for
-from workflows.tool_calls import child_policy
 from workflows.types import AgentInput, AgentResult, Limits, SubagentDef, TreeBudget
 
 CHILD_DELAY_S = 1.5

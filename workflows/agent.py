@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows.approvals import ApprovalBook, Outcome, Problem, Verdict
+    from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem, reference_problem
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, quote, safe
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
@@ -355,6 +356,9 @@ class AgentWorkflow:
         if self._input is None:
             raise _invalid_input(self._input_problem)
         inp = self._input
+        too_large = input_size_problem(inp)
+        if too_large and workflow.patched(INPUT_SIZE_PATCH):
+            raise _invalid_input(too_large)
         self._run_policy = _checked_policy(inp.policy, "policy")  # before any command: fail on the first task
         # Decide the patch in the first activation, before any await: decided later, a query or
         # stream poll arriving first can split the marker from its command across workflow tasks.
@@ -435,12 +439,18 @@ class AgentWorkflow:
     async def _fresh_carry(self, inp: AgentInput) -> Carry:
         info = workflow.info()
         conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
+        if problem := reference_problem(inp, info.parent):  # runtime-only fields (sub-agent definitions by digest)
+            raise _invalid_input(problem)
         fork = await self._fork(inp, conversation_id) if inp.fork is not None else None
         try:
             config = await workflow.execute_local_activity(
                 "run_config",
                 RunConfigRequest(
-                    model=inp.model or (fork.model if fork else ""), tools=inp.tools, subagents=inp.subagents
+                    model=inp.model or (fork.model if fork else ""),
+                    tools=inp.tools,
+                    subagents=inp.subagents,
+                    subagents_ref=inp.subagents_ref,
+                    as_subagent=inp.as_subagent,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
@@ -451,7 +461,7 @@ class AgentWorkflow:
         except ActivityError as err:
             raise _invalid_input(safe(cause_text(err), MESSAGE_MAX)) from None
         opening = [
-            Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
+            Message(role="system", content=inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
         ]
         self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]
@@ -467,6 +477,9 @@ class AgentWorkflow:
             signing_required=config.signing_required,
             search_attributes=config.search_attributes,
             subagents=config.subagents,
+            subagents_ref=config.subagents_ref,
+            max_subagent_calls=config.max_subagent_calls,
+            max_depth=config.max_depth,
             shared_sandbox=inp.parent_conversation,
             mcp_snapshot=config.mcp_snapshot,
             mcp_per_run=config.mcp_per_run,
@@ -570,6 +583,7 @@ class AgentWorkflow:
             subagents={name: d.description for name, d in carry.subagents.items()},
             budget=carry.budget,
             mcp_snapshot=carry.mcp_snapshot,
+            subagents_ref=carry.subagents_ref,
         )
         turn: ModelTurn = await workflow.execute_activity(
             "model",

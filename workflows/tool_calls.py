@@ -10,23 +10,19 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ChildWorkflowError, is_cancelled_exception
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from workflows.approvals import ApprovalBook
+from workflows.delegation import Delegator, capped_calls, child_workflow_id
 from workflows.identity import approval_id, idempotency_key, sandbox_id_for
-from workflows.limits import deadline
 from workflows.narration import cause_text, tool_error, tool_summary
 from workflows.policy import Decision, Policy, decide
 from workflows.types import (
     AgentInput,
-    AgentResult,
     Carry,
-    Limits,
     Message,
     ModelTurn,
     PendingApproval,
@@ -42,7 +38,6 @@ from workflows.types import (
 Emit = Callable[..., None]
 # Several read-only tool calls of one turn run concurrently (runs recorded before run them one by one).
 PARALLEL_TOOLS_PATCH = "parallel-tool-calls-v1"
-MAX_SUBAGENT_RESULT_CHARS = 32 * 1024  # of a child's output, as the parent's tool result
 
 
 class ToolCallRunner:
@@ -60,11 +55,13 @@ class ToolCallRunner:
         self.emit = emit
         self.operator_policy = operator_policy
         self.run_policy = run_policy
-        self.on_usage = on_usage
-        self.on_child = on_child or (lambda _: None)
-        self.on_child_ended = on_child_ended or (lambda _: None)
-        self.children: dict[str, str] = {}  # child workflow id -> what it did (for the run's final report)
+        self.delegator = Delegator(on_usage, on_child, on_child_ended)
         self.sandbox_failure = ""
+
+    @property
+    def children(self) -> dict[str, str]:
+        """Child workflow id -> what it did (for the run's final report)."""
+        return self.delegator.children
 
     async def run_turn(self, inp: AgentInput, carry: Carry, turn: ModelTurn) -> None:
         """Every call gets exactly one result at its own position, in call order.
@@ -75,6 +72,8 @@ class ToolCallRunner:
         earlier ones (write a file, then run it).
         """
         base = carry.transcript_len
+        turn = turn.model_copy(update={"tool_calls": capped_calls(turn.tool_calls, carry.max_subagent_calls)})
+        self.delegator.start_turn()
         decisions: dict[str, Decision] = {}
         for call in turn.tool_calls:
             if not call.error:
@@ -155,75 +154,10 @@ class ToolCallRunner:
 
     async def _delegate(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         """Run the sub-agent as a child ``AgentWorkflow``; its output becomes the call's result."""
-        text, ok = await self._child_result(inp, carry, call, index)
+        text, ok = await self.delegator.result(inp, carry, call, index)
         self._finished(carry, call, ok, text)
         message = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=not ok)
         carry.pending.append(TranscriptEntry(seq=seq, message=message))
-
-    async def _child_result(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int) -> tuple[str, bool]:
-        definition = carry.subagents.get(call.name)
-        if definition is None:  # validated by the model activity against this same list
-            return f"Error: unknown sub-agent {call.name!r}.", False
-        if inp.depth >= inp.limits.max_depth:
-            return f"Error: max_depth reached ({inp.limits.max_depth}); {call.name} was not started.", False
-        limits = child_limits(definition.limits or Limits(), inp.limits, carry, workflow.now().timestamp())
-        if isinstance(limits, str):
-            return f"Error: {limits}; {call.name} was not started.", False
-        info = workflow.info()
-        task = str(call.arguments.get("task", ""))
-        if definition.share_sandbox and not carry.sandbox_id:
-            # The child creates it (idempotent id) when it first needs it; this run kills it at its end.
-            carry.sandbox_id = sandbox_id_for(carry.conversation_id)
-        child = AgentInput(
-            task=task,
-            model=definition.model,
-            tools=definition.tools,
-            system_prompt=definition.system_prompt,
-            limits=limits,
-            policy=child_policy(inp.policy, definition.policy),
-            approvers=inp.approvers,
-            tenant=inp.tenant,
-            subagents=dict(carry.subagents),
-            depth=inp.depth + 1,
-            budget=carry.budget,
-            parent_conversation=carry.conversation_id if definition.share_sandbox else "",
-            checkpoint=carry.checkpoint if definition.share_sandbox else "",
-        )
-        child_id = child_workflow_id(call, carry, index)
-        self.on_child(child_id)
-        self.children[child_id] = "started; no result yet"
-        try:
-            result: AgentResult = await workflow.execute_child_workflow(
-                "AgentWorkflow",
-                child,
-                id=child_id,
-                result_type=AgentResult,
-                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
-                static_summary=f"{call.name} for {info.workflow_id}: {task[:200]}",
-            )
-        except ChildWorkflowError as err:
-            if is_cancelled_exception(err):
-                self.children[child_id] = "cancelled"
-                raise
-            self.children[child_id] = f"failed: {cause_text(err)[:200]}"
-            return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
-        except asyncio.CancelledError:
-            self.children[child_id] = "cancel requested (it compensates and cleans up on its own)"
-            raise
-        finally:
-            self.on_child_ended(child_id)
-        first_line = (result.output.splitlines() or [""])[0][:200]
-        self.children[child_id] = f"{result.status} after {result.steps} step(s): {first_line}"
-        if definition.share_sandbox and result.checkpoint:
-            carry.checkpoint = result.checkpoint  # it worked in this run's workspace
-        carry.children_usage = carry.children_usage.plus(result.usage)
-        carry.usage = carry.usage.plus(result.usage)
-        if self.on_usage is not None:
-            self.on_usage(carry)
-        text = result.output[:MAX_SUBAGENT_RESULT_CHARS]
-        if result.status != "completed":
-            text += f"\n[sub-agent {call.name} ({child_id}) ended {result.status} after {result.steps} steps]"
-        return text, result.status == "completed"
 
     def _finished(self, carry: Carry, call: ToolCall, ok: bool, preview: str) -> None:
         self.emit(
@@ -413,52 +347,3 @@ class ToolCallRunner:
             return self.sandbox_failure
         carry.sandbox_id = ref.sandbox_id
         return ""
-
-
-def child_workflow_id(call: ToolCall, carry: Carry, index: int) -> str:
-    """The child run of a delegation: one per (run, step, call), so a retry or replay never starts two."""
-    return f"{workflow.info().workflow_id}/{call.name}/s{carry.step}c{index}"
-
-
-def child_limits(own: Limits, parent: Limits, carry: Carry, now: float) -> Limits | str:
-    """The sub-agent's limits capped by what the parent has left, or why nothing is left."""
-    tokens = parent.max_tokens - carry.usage.total_tokens
-    if tokens < 1:
-        return f"max_tokens={parent.max_tokens} reached"
-    cost = own.max_cost_usd
-    if parent.max_cost_usd:
-        left = round(parent.max_cost_usd - carry.usage.cost_usd, 8)
-        if left <= 0:
-            return f"max_cost_usd={parent.max_cost_usd} reached"
-        cost = min(cost, left) if cost else left
-    seconds = int(deadline(parent, carry) - now)
-    if seconds < 1:
-        return f"timeout_s={parent.timeout_s} reached"
-    return own.model_copy(
-        update={
-            "max_tokens": min(own.max_tokens, tokens),
-            "max_cost_usd": cost,
-            "timeout_s": min(own.timeout_s, seconds),
-            "max_depth": min(own.max_depth, parent.max_depth),
-        }
-    )
-
-
-def child_policy(parent: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """The child's run policy: never looser than the parent's.
-
-    Rules are first-match. The sub-agent's ``deny`` rules come first (nothing is stricter), then
-    the parent's rules in their order, then the sub-agent's ``ask`` rules (they only decide calls
-    no parent rule matched, where the default is ``allow`` or ``ask``). Its ``allow`` rules are
-    dropped: they could loosen the parent's defaults.
-    """
-    own_rules = [r for r in own.get("rules", []) if isinstance(r, dict)]
-    rules = [
-        *(r for r in own_rules if r.get("decision") == "deny"),
-        *parent.get("rules", []),
-        *(r for r in own_rules if r.get("decision") == "ask"),
-    ]
-    merged = {**parent, "rules": rules}
-    if "approval_timeout_s" in own:
-        merged["approval_timeout_s"] = min(own["approval_timeout_s"], parent.get("approval_timeout_s", 10**9))
-    return merged

@@ -36,6 +36,12 @@ MAX_SUBAGENTS = 50
 MAX_DEPTH = 10  # of sub-agent delegation
 MAX_DESCRIPTION_CHARS = 2000
 SUBAGENT_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+BLOB_REF_PATTERN = r"^(sha256:[0-9a-f]{64})?$"  # a run store blob's digest ("": none)
+# A run's input (without ``carry``) at start, in JSON bytes: what the run and every continue-as-new of it
+# carry, well under Temporal's 2 MB payload limit. A sub-agent's start is refused (a tool error) over it.
+MAX_RUN_INPUT_BYTES = 1024 * 1024
+# The sub-agent starts of one model turn together (one workflow task sends them all; gRPC's limit is 4 MB).
+MAX_TURN_CHILD_INPUT_BYTES = 2 * 1024 * 1024
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
@@ -160,6 +166,13 @@ class Carry(BaseModel):
     fork_of: str = ""  # "<workflow id> step <n>" when the run is a fork
     forked_at_step: int = 0  # its step numbers go on from the source's; its max_steps counts from here
     mcp_per_run: list[str] = Field(default_factory=list)  # MCP servers started for this run alone
+    # Set by run_config (runs recorded before have the defaults: no per-turn cap, no ceiling below MAX_DEPTH,
+    # and ``subagents`` with the whole definitions, passed whole to children).
+    max_subagent_calls: int = Field(default=0, ge=0)  # sub-agent calls one model turn may make (0: any)
+    max_depth: int = Field(default=MAX_DEPTH, ge=0, le=MAX_DEPTH)  # the operator's ceiling (AGENT_MAX_DEPTH)
+    # Digest of the run's sub-agent definitions in the run store; ``subagents`` then holds only what the
+    # workflow needs of them (no system prompt, model or tools: the child resolves those from the digest).
+    subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -235,6 +248,10 @@ class AgentInput(BaseModel):
     checkpoint: str = Field(default="", max_length=100)
     fork: ForkSpec | None = None  # start from another run's first ``step`` steps and its workspace then
     carry: Carry | None = None  # set only by continue-as-new
+    # A sub-agent's (set by its parent; refused from a run started from outside): the digest of the tree's
+    # sub-agent definitions in the run store, and the name of the one this run is.
+    subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
+    as_subagent: str = Field(default="", pattern=r"^([a-zA-Z][a-zA-Z0-9_-]{0,63})?$")
 
     @field_validator("task")
     @classmethod
@@ -389,6 +406,8 @@ class RunConfigRequest(BaseModel):
     model: str = ""
     tools: list[str] | None = None
     subagents: dict[str, SubagentDef] | list[str] | None = None
+    subagents_ref: str = ""  # a sub-agent's: the definitions by digest (instead of ``subagents``)
+    as_subagent: str = ""  # ... and which of them it is (its model, tools and system prompt)
 
 
 class RunConfig(BaseModel):
@@ -403,6 +422,11 @@ class RunConfig(BaseModel):
     mcp_snapshot: str = ""  # digest of the MCP tool list (definitions, schemas) stored in the run store
     mcp_per_run: list[str] = Field(default_factory=list)  # per-run MCP servers among the run's tools
     notes: list[str] = Field(default_factory=list)  # what the run starts without (an MCP server that is down)
+    # Results recorded before these existed decode with defaults that change nothing (see ``Carry``).
+    subagents_ref: str = ""  # the definitions' digest; ``subagents`` then lack system prompts, models and tools
+    system_prompt: str = ""  # a sub-agent's own (``as_subagent``), from the definitions
+    max_subagent_calls: int = 0  # AGENT_MAX_SUBAGENT_CALLS_PER_TURN (0: any number)
+    max_depth: int = MAX_DEPTH  # AGENT_MAX_DEPTH
 
 
 class ModelRequest(BaseModel):
@@ -415,6 +439,7 @@ class ModelRequest(BaseModel):
     subagents: dict[str, str] = Field(default_factory=dict)  # sub-agent name -> description (offered as tools)
     budget: TreeBudget | None = None  # the turn is reserved under it before the provider is called
     mcp_snapshot: str = ""  # where the model activity finds the MCP tools' definitions (RunConfig.mcp_snapshot)
+    subagents_ref: str = ""  # the run's sub-agent definitions (kept in the run store while the run is)
 
 
 class ToolCall(BaseModel):
@@ -511,6 +536,18 @@ class SandboxRef(BaseModel):
 
 
 Carry.model_rebuild()
+
+
+class TreeRunRequest(BaseModel):
+    """Count a sub-agent's run among its tree's before it starts (activity ``tree_run_reserve``)."""
+
+    root: str  # the tree's root (its budget's)
+    child_id: str  # the child's workflow id
+
+
+class TreeRunVerdict(BaseModel):
+    granted: bool
+    cap: int  # AGENT_MAX_TREE_RUNS: runs of the tree, its root included
 
 
 class ForkRequest(BaseModel):

@@ -13,6 +13,7 @@ import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import structlog
 from opentelemetry.trace import SpanKind
@@ -23,12 +24,20 @@ from activities import observability as telemetry
 from activities.heartbeat import heartbeating
 from activities.mcp import catalog as mcp_catalog
 from activities.mcp.pool import McpUnavailable
-from activities.models.base import FatalProviderError, ProviderReply, RetryableProviderError
+from activities.models.base import (
+    FatalProviderError,
+    ProviderReply,
+    RetryableProviderError,
+    complete_capped,
+    prompt_tokens_bound,
+)
 from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.store.base import StoredMessage
 from activities.store_errors import store_guarded
-from activities.subagents import resolve
+from activities.subagents import load as load_definitions
+from activities.subagents import resolve, slim
+from activities.subagents import store as store_definitions
 from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
 from workflows.types import (
     Message,
@@ -37,6 +46,7 @@ from workflows.types import (
     RecordedToolCall,
     RunConfig,
     RunConfigRequest,
+    SubagentDef,
     ToolCall,
     TreeBudget,
     Usage,
@@ -70,13 +80,18 @@ class ModelActivities:
         MCP tools are listed from their servers here, once, and their definitions stored in the run
         store as the run's snapshot (history gets its digest).
         """
-        model = req.model or self._rt.settings.model
+        try:
+            own, requested_subagents = await self._own_definition(req)
+        except ValueError as exc:
+            raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
+        model = req.model or (own.model if own is not None else "") or self._rt.settings.model
         try:
             self._rt.providers.registry.check_model(model)
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
         known = self._rt.tools.names()
-        requested = None if req.tools is None else list(dict.fromkeys(req.tools))
+        wanted = req.tools if req.tools is not None or own is None else own.tools
+        requested = None if wanted is None else list(dict.fromkeys(wanted))
         unknown = sorted({t for t in requested or [] if not mcp_catalog.is_mcp_name(t)} - set(known))
         if unknown:
             raise ApplicationError(
@@ -84,7 +99,7 @@ class ModelActivities:
             )
         mcp = await self._mcp_snapshot(requested)
         try:
-            subagents = resolve(self._rt.subagents, req.subagents, known, RESERVED_NAMES)
+            subagents = resolve(self._rt.subagents, requested_subagents, known, RESERVED_NAMES)
         except ValueError as exc:
             raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
         if requested is None:
@@ -92,17 +107,38 @@ class ModelActivities:
         else:  # the run's order; globs expand in place
             expanded = {pattern: [n for n in mcp.names if fnmatch.fnmatchcase(n, pattern)] for pattern in requested}
             tools = list(dict.fromkeys(n for p in requested for n in (expanded[p] if "*" in p else [p])))
+        # Stored once; a child whose set is its parent's (the usual case) names the parent's blob again.
+        ref = req.subagents_ref if req.subagents_ref and requested_subagents == subagents else ""
+        if subagents and not ref:
+            ref = await store_definitions(self._rt.store, subagents)
+        settings = self._rt.settings
         return RunConfig(
-            subagents=subagents,
+            subagents=slim(subagents),
+            subagents_ref=ref,
+            system_prompt=own.system_prompt if own is not None else "",
             model=model,
             tools=tools,
             policy=self._rt.policy,
-            signing_required=self._rt.settings.approval_key is not None,
+            signing_required=settings.approval_key is not None,
             search_attributes=self._rt.search_attributes_ready,
             mcp_snapshot=mcp.digest,
             mcp_per_run=mcp.per_run,
             notes=mcp.notes,
+            max_subagent_calls=settings.max_subagent_calls_per_turn,
+            max_depth=settings.max_depth,
         )
+
+    async def _own_definition(
+        self, req: RunConfigRequest
+    ) -> tuple[SubagentDef | None, dict[str, SubagentDef] | list[str] | None]:
+        """A sub-agent's own definition and the sub-agents it may call, from the tree's blob (else the request's)."""
+        if not req.subagents_ref:
+            return None, req.subagents
+        definitions = await load_definitions(self._rt.store, req.subagents_ref)
+        own = definitions.get(req.as_subagent) if req.as_subagent else None
+        if req.as_subagent and own is None:
+            raise ValueError(f"unknown sub-agent {req.as_subagent!r} in {req.subagents_ref}")
+        return own, definitions
 
     async def _mcp_snapshot(self, requested: list[str] | None) -> _McpChoice:
         if not self._rt.mcp.config:
@@ -170,10 +206,11 @@ class ModelActivities:
             budget, turn_key = req.budget, f"{req.conversation_id}/{req.transcript_len}"
             if stored is None:
                 transcript = await self._rt.transcripts.messages(req.conversation_id, req.transcript_len)
+                definitions = self._definitions(req, mcp_tools)
                 if budget is not None:
-                    await self._reserve(budget, turn_key)
+                    await self._reserve(budget, turn_key, *self._worst_case(req, transcript, definitions))
                 try:
-                    reply_message, meta = await self._call_provider(req, transcript, mcp_tools)
+                    reply_message, meta = await self._call_provider(req, transcript, definitions)
                 except BaseException:
                     if budget is not None:
                         await store.budget_release(budget.root, turn_key)
@@ -181,6 +218,8 @@ class ModelActivities:
                 meta["run"] = run_id
                 if req.mcp_snapshot:
                     meta["mcp_snapshot"] = req.mcp_snapshot  # keeps the snapshot alive for garbage collection
+                if req.subagents_ref:
+                    meta["subagents"] = req.subagents_ref  # keeps the definitions alive for the run's children
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
@@ -213,12 +252,20 @@ class ModelActivities:
         log.info("transcript_branched", source=req.conversation_id, branch=branch, copied=copied, written_by=writer)
         return branch
 
-    async def _reserve(self, budget: TreeBudget, turn_key: str) -> None:
+    def _worst_case(
+        self, req: ModelRequest, transcript: list[Message], definitions: list[dict[str, Any]]
+    ) -> tuple[int, float]:
+        """The most this turn can spend: its prompt's upper bound plus the output cap sent with it."""
+        prompt = prompt_tokens_bound(transcript, definitions)
+        output = self._rt.settings.max_output_tokens
+        return prompt + output, self._rt.prices.cost_usd(req.model, prompt, output)
+
+    async def _reserve(self, budget: TreeBudget, turn_key: str, tokens: int, cost_usd: float) -> None:
         """Wait until the tree's budget lets this turn call the model; ``BudgetExhausted`` once it is spent."""
         async with heartbeating(MODEL_HEARTBEAT_S):
             while True:
                 verdict = await self._rt.store.budget_reserve(
-                    budget.root, turn_key, budget.max_tokens, budget.max_cost_usd
+                    budget.root, turn_key, budget.max_tokens, budget.max_cost_usd, tokens, cost_usd
                 )
                 if verdict == "granted":
                     return
@@ -232,19 +279,21 @@ class ModelActivities:
                     )
                 await asyncio.sleep(BUDGET_POLL_S)
 
-    async def _call_provider(
-        self, req: ModelRequest, transcript: list[Message], mcp_tools: dict[str, mcp_catalog.McpToolDef]
-    ) -> tuple[Message, dict[str, object]]:
-        try:
-            provider_name, model_name = self._rt.providers.registry.check_model(req.model)
-        except FatalProviderError as exc:  # a worker without this run's provider: no retry can help
-            raise ApplicationError(exc.message, type="ModelRejected", non_retryable=True) from None
+    def _definitions(self, req: ModelRequest, mcp_tools: dict[str, mcp_catalog.McpToolDef]) -> list[dict[str, Any]]:
         definitions = [
             mcp_tools[name].definition() if name in mcp_tools else self._rt.tools.definitions([name])[0]
             for name in req.tools
             if name in mcp_tools or name in self._rt.tools
         ]
-        definitions += [subagent_definition(name, text) for name, text in req.subagents.items()]
+        return definitions + [subagent_definition(name, text) for name, text in req.subagents.items()]
+
+    async def _call_provider(
+        self, req: ModelRequest, transcript: list[Message], definitions: list[dict[str, Any]]
+    ) -> tuple[Message, dict[str, object]]:
+        try:
+            provider_name, model_name = self._rt.providers.registry.check_model(req.model)
+        except FatalProviderError as exc:  # a worker without this run's provider: no retry can help
+            raise ApplicationError(exc.message, type="ModelRejected", non_retryable=True) from None
         secrets = self._rt.settings.secret_values()
         log.debug("model_request", messages=len(transcript), tools=req.tools)
         # GenAI semantic conventions; no prompt or completion content is ever put on the span.
@@ -255,7 +304,13 @@ class ModelActivities:
         ) as span:
             try:
                 async with heartbeating(MODEL_HEARTBEAT_S):
-                    reply = await self._rt.providers.get(provider_name).complete(model_name, transcript, definitions)
+                    reply = await complete_capped(
+                        self._rt.providers.get(provider_name),
+                        model_name,
+                        transcript,
+                        definitions,
+                        self._rt.settings.max_output_tokens,
+                    )
             except RetryableProviderError as exc:
                 span.set_attribute("error.type", "ModelUnavailable")
                 log.warning("model_unavailable", error=redact(exc.message, secrets), status=exc.status)

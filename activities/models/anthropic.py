@@ -47,15 +47,25 @@ class AnthropicProvider(HttpProvider):
         super().__init__(base_url or DEFAULT_BASE_URL, api_key, timeout_s=timeout_s, transport=transport)
         self.max_tokens = max_tokens
 
-    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
-        """One Messages API call; ``model`` is Anthropic's model name (no ``anthropic:`` prefix)."""
+    async def complete(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+    ) -> ProviderReply:
+        """One Messages API call; ``model`` is Anthropic's model name (no ``anthropic:`` prefix).
+
+        ``max_tokens`` (which the API requires) is ``max_output_tokens``, or the provider's own default.
+        """
         self.require_key(DEFAULT_BASE_URL, "ANTHROPIC_API_KEY")
         secrets = self._secrets()
         headers = {"anthropic-version": API_VERSION}
         if secrets:
             headers["x-api-key"] = secrets[0]
         system, turns = render_messages(messages)
-        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "messages": turns}
+        body: dict[str, Any] = {"model": model, "max_tokens": max_output_tokens or self.max_tokens, "messages": turns}
         if system:
             body["system"] = system
         if tools:

@@ -8,8 +8,10 @@ Temporal retry behaviour. Error messages never contain the API key.
 
 from __future__ import annotations
 
+import inspect
+import json
 from datetime import UTC
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, Field
 
@@ -43,10 +45,57 @@ class ProviderReply(BaseModel):
 
 
 class ModelProvider(Protocol):
+    """What a provider implements. It may also take a keyword ``max_output_tokens`` (see ``CappedProvider``)."""
+
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One model turn. ``tools`` are provider-neutral definitions
         (``{"name", "description", "parameters"}``: a JSON schema)."""
         ...
+
+
+class CappedProvider(Protocol):
+    """A provider that sends the model an output cap: the reply is at most ``max_output_tokens`` long.
+
+    A tree of runs reserves every turn's worst case from its budget (``activities.store.budget``);
+    the cap is what makes the output part of that bound hold. Providers whose ``complete`` takes no
+    ``max_output_tokens`` keyword still work, unbounded: their turns are reserved at the cap all the
+    same and settled at what they really spent.
+    """
+
+    async def complete(
+        self, model: str, messages: list[Message], tools: list[dict[str, Any]], *, max_output_tokens: int
+    ) -> ProviderReply: ...
+
+
+def takes_output_cap(provider: object) -> bool:
+    """Whether ``provider.complete`` accepts ``max_output_tokens`` (by name, or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(provider.complete).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return "max_output_tokens" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+async def complete_capped(
+    provider: ModelProvider, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int
+) -> ProviderReply:
+    """One model turn, with the output cap when the provider takes one."""
+    if takes_output_cap(provider):
+        return await cast(CappedProvider, provider).complete(
+            model, messages, tools, max_output_tokens=max_output_tokens
+        )
+    return await provider.complete(model, messages, tools)
+
+
+PROMPT_BYTES_PER_TOKEN = 3  # text averages about 4 bytes a token (CJK about 3): 3 errs on the high side
+PROMPT_OVERHEAD_TOKENS = 8  # per message and per tool definition (roles, separators)
+
+
+def prompt_tokens_bound(messages: list[Message], tools: list[dict[str, Any]]) -> int:
+    """A conservative upper bound of the prompt tokens of a request: its size in UTF-8 bytes / 3, plus overhead."""
+    size = sum(len(m.model_dump_json().encode()) for m in messages)
+    size += sum(len(json.dumps(t, separators=(",", ":")).encode()) for t in tools)
+    return -(-size // PROMPT_BYTES_PER_TOKEN) + PROMPT_OVERHEAD_TOKENS * (len(messages) + len(tools) + 1)
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -41,14 +41,28 @@ class OpenAIProvider(HttpProvider):
     ) -> None:
         super().__init__(base_url or DEFAULT_BASE_URL, api_key, timeout_s=timeout_s, transport=transport)
 
-    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
-        """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix)."""
+    async def complete(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+    ) -> ProviderReply:
+        """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix).
+
+        ``max_output_tokens`` goes out as ``max_completion_tokens`` to OpenAI itself (its o-series
+        refuses ``max_tokens``) and as ``max_tokens`` to any other server (vLLM, Ollama, llama.cpp).
+        """
         self.require_key(DEFAULT_BASE_URL, "OPENAI_API_KEY")
         secrets = self._secrets()
         headers = {"Authorization": f"Bearer {secrets[0]}"} if secrets else {}
         body: dict[str, Any] = {"model": model, "messages": [render_message(m) for m in messages]}
         if tools:
             body["tools"] = [render_tool(t) for t in tools]
+        if max_output_tokens is not None:
+            official = self.base_url.rstrip("/") == DEFAULT_BASE_URL
+            body["max_completion_tokens" if official else "max_tokens"] = max_output_tokens
         data = await post_json(
             self._client, PROVIDER, f"{self.base_url}/chat/completions", headers=headers, body=body, secrets=secrets
         )

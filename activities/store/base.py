@@ -10,7 +10,7 @@ into a fork is a write to the fork, so it is stamped when it is copied).
 Ledger entries are addressed by idempotency key (see ``activities.store.ledger``).
 
 Budget rows are one per model turn of a tree of runs, under the tree's root (see
-``activities.store.budget``).
+``activities.store.budget``); tree-run rows one per sub-agent run a tree started, under the same root.
 
 Blobs are content-addressed: stored once under ``"sha256:<64 hex>"`` of their
 bytes, zlib-compressed when that makes them smaller, and checked against that
@@ -181,8 +181,11 @@ class RunStore(Protocol):
         """Entries, optionally of one workflow (inspection and tests)."""
         ...
 
-    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> BudgetVerdict:
-        """Reserve model turn ``key`` under the tree budget ``root`` (see ``activities.store.budget``)."""
+    async def budget_reserve(
+        self, root: str, key: str, cap_tokens: int, cap_cost_usd: float, tokens: int = 0, cost_usd: float = 0.0
+    ) -> BudgetVerdict:
+        """Reserve model turn ``key`` (at most ``tokens`` and ``cost_usd``) under the tree budget ``root``
+        (see ``activities.store.budget``)."""
         ...
 
     async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
@@ -195,6 +198,15 @@ class RunStore(Protocol):
 
     async def budget_spent(self, root: str) -> BudgetSpent:
         """What the tree ``root`` has spent (inspection and tests)."""
+        ...
+
+    async def tree_run_reserve(self, root: str, key: str, cap: int) -> bool:
+        """Count run ``key`` (a sub-agent's workflow id) among the runs the tree ``root`` started, if fewer than
+        ``cap`` are counted; whether it is counted (idempotent: a key counted already is granted again)."""
+        ...
+
+    async def tree_runs(self, root: str) -> int:
+        """How many runs the tree ``root`` has started (inspection and tests)."""
         ...
 
     async def put_blob(self, data: bytes) -> str:

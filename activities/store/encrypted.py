@@ -146,8 +146,10 @@ class EncryptedRunStore:
 
     # --- budget (numbers only) -------------------------------------------------------
 
-    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> BudgetVerdict:
-        return await self.inner.budget_reserve(root, key, cap_tokens, cap_cost_usd)
+    async def budget_reserve(
+        self, root: str, key: str, cap_tokens: int, cap_cost_usd: float, tokens: int = 0, cost_usd: float = 0.0
+    ) -> BudgetVerdict:
+        return await self.inner.budget_reserve(root, key, cap_tokens, cap_cost_usd, tokens, cost_usd)
 
     async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
         await self.inner.budget_settle(root, key, tokens, cost_usd)
@@ -157,6 +159,14 @@ class EncryptedRunStore:
 
     async def budget_spent(self, root: str) -> BudgetSpent:
         return await self.inner.budget_spent(root)
+
+    # --- runs of a tree (ids only) ---------------------------------------------------
+
+    async def tree_run_reserve(self, root: str, key: str, cap: int) -> bool:
+        return await self.inner.tree_run_reserve(root, key, cap)
+
+    async def tree_runs(self, root: str) -> int:
+        return await self.inner.tree_runs(root)
 
     # --- blobs ---------------------------------------------------------------------
 

@@ -102,6 +102,15 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX blobs_created ON blobs (created_at);
     """,
+    # One row per sub-agent run a tree started (activities.store.base: tree_run_reserve).
+    """
+    CREATE TABLE tree_runs (
+        root TEXT NOT NULL,
+        key TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (root, key)
+    );
+    """,
 )
 # pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
 _MIGRATION_LOCK = 0x6167656E746D6967
@@ -460,15 +469,20 @@ class PostgresRunStore:
         cur = await conn.execute("SELECT key, settled, tokens, cost_usd, at FROM budget WHERE root = %s", (root,))
         return [budget.BudgetRow(r[0], bool(r[1]), r[2], r[3], r[4]) for r in await cur.fetchall()]
 
-    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
+    async def budget_reserve(
+        self, root: str, key: str, cap_tokens: int, cap_cost_usd: float, tokens: int = 0, cost_usd: float = 0.0
+    ) -> budget.BudgetVerdict:
         now = time.time()
         async with self._conn() as conn, conn.transaction():
             # One tree's reservations are decided one at a time (a lock on the root, for this transaction).
             await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"budget:{root}",))
-            verdict = budget.decide(await self._budget_rows(conn, root), key, cap_tokens, cap_cost_usd, now)
+            rows = await self._budget_rows(conn, root)
+            verdict = budget.decide(rows, key, cap_tokens, cap_cost_usd, now, tokens, cost_usd)
             if verdict == "granted":
                 await conn.execute(
-                    "INSERT INTO budget (root, key, at) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (root, key, now)
+                    "INSERT INTO budget (root, key, tokens, cost_usd, at) VALUES (%s, %s, %s, %s, %s)"
+                    " ON CONFLICT DO NOTHING",
+                    (root, key, tokens, cost_usd, now),
                 )
         return verdict
 
@@ -489,6 +503,30 @@ class PostgresRunStore:
         async with self._conn() as conn:
             rows = await self._budget_rows(conn, root)
         return budget.spent(rows, time.time())
+
+    # --- runs of a tree ----------------------------------------------------------------
+
+    async def tree_run_reserve(self, root: str, key: str, cap: int) -> bool:
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"tree_runs:{root}",))
+            cur = await conn.execute("SELECT 1 FROM tree_runs WHERE root = %s AND key = %s", (root, key))
+            if await cur.fetchone() is not None:
+                return True  # a retry of a start that already holds its place
+            cur = await conn.execute("SELECT count(*) FROM tree_runs WHERE root = %s", (root,))
+            row = await cur.fetchone()
+            if row is not None and int(row[0]) >= cap:
+                return False
+            await conn.execute(
+                "INSERT INTO tree_runs (root, key, at) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (root, key, time.time()),
+            )
+        return True
+
+    async def tree_runs(self, root: str) -> int:
+        async with self._conn() as conn:
+            cur = await conn.execute("SELECT count(*) FROM tree_runs WHERE root = %s", (root,))
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
 
     # --- blobs ----------------------------------------------------------------------
 

@@ -70,6 +70,12 @@ CREATE TABLE IF NOT EXISTS budget (
     at REAL NOT NULL,
     PRIMARY KEY (root, key)
 );
+CREATE TABLE IF NOT EXISTS tree_runs (
+    root TEXT NOT NULL,
+    key TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (root, key)
+);
 CREATE TABLE IF NOT EXISTS blobs (
     digest TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -379,15 +385,18 @@ class SQLiteRunStore:
         ).fetchall()
         return [budget.BudgetRow(r[0], bool(r[1]), r[2], r[3], r[4]) for r in rows]
 
-    def _budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
+    def _budget_reserve(
+        self, root: str, key: str, cap_tokens: int, cap_cost_usd: float, tokens: int, cost_usd: float
+    ) -> budget.BudgetVerdict:
         now = time.time()
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")  # the read-decide-write is atomic across processes
             try:
-                verdict = budget.decide(self._budget_rows(root), key, cap_tokens, cap_cost_usd, now)
+                verdict = budget.decide(self._budget_rows(root), key, cap_tokens, cap_cost_usd, now, tokens, cost_usd)
                 if verdict == "granted":
                     self._conn.execute(
-                        "INSERT OR IGNORE INTO budget (root, key, at) VALUES (?, ?, ?)", (root, key, now)
+                        "INSERT OR IGNORE INTO budget (root, key, tokens, cost_usd, at) VALUES (?, ?, ?, ?, ?)",
+                        (root, key, tokens, cost_usd, now),
                     )
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -412,8 +421,10 @@ class SQLiteRunStore:
         with self._lock:
             return budget.spent(self._budget_rows(root), time.time())
 
-    async def budget_reserve(self, root: str, key: str, cap_tokens: int, cap_cost_usd: float) -> budget.BudgetVerdict:
-        return await self._call(self._budget_reserve, root, key, cap_tokens, cap_cost_usd)
+    async def budget_reserve(
+        self, root: str, key: str, cap_tokens: int, cap_cost_usd: float, tokens: int = 0, cost_usd: float = 0.0
+    ) -> budget.BudgetVerdict:
+        return await self._call(self._budget_reserve, root, key, cap_tokens, cap_cost_usd, tokens, cost_usd)
 
     async def budget_settle(self, root: str, key: str, tokens: int, cost_usd: float) -> None:
         await self._call(self._budget_settle, root, key, tokens, cost_usd)
@@ -423,6 +434,35 @@ class SQLiteRunStore:
 
     async def budget_spent(self, root: str) -> budget.BudgetSpent:
         return await self._read(self._budget_spent, root)
+
+    # --- runs of a tree ----------------------------------------------------------------
+
+    def _tree_run_reserve(self, root: str, key: str, cap: int) -> bool:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")  # the count-decide-insert is atomic across processes
+            try:
+                held = self._conn.execute("SELECT 1 FROM tree_runs WHERE root = ? AND key = ?", (root, key)).fetchone()
+                count = self._conn.execute("SELECT count(*) FROM tree_runs WHERE root = ?", (root,)).fetchone()[0]
+                granted = held is not None or count < cap
+                if held is None and granted:
+                    self._conn.execute(
+                        "INSERT INTO tree_runs (root, key, at) VALUES (?, ?, ?)", (root, key, time.time())
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return granted
+
+    def _tree_runs(self, root: str) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT count(*) FROM tree_runs WHERE root = ?", (root,)).fetchone()[0])
+
+    async def tree_run_reserve(self, root: str, key: str, cap: int) -> bool:
+        return await self._call(self._tree_run_reserve, root, key, cap)
+
+    async def tree_runs(self, root: str) -> int:
+        return await self._read(self._tree_runs, root)
 
     # --- blobs ----------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ RESERVED_NAMES = frozenset(
         "mcp",
         "mcp_release",
         "fork_prepare",
+        "tree_run_reserve",
     }
 )
 RESERVED_PREFIX = MCP_PREFIX  # the tools of the operator's MCP servers

@@ -53,6 +53,10 @@ class Scripted:
     ``raw_body`` replaces the rendered body verbatim. ``headers`` are always sent.
     ``delay_s`` makes the server wait that long before answering (a slow model);
     ``stop()`` cuts the wait short and drops the connection without an answer.
+    ``honest_usage`` reports usage as a real server would: input tokens from the size of the
+    request (its JSON bytes / 4), output tokens ``output_tokens`` cut at the request's own cap
+    (``max_tokens`` or ``max_completion_tokens``, when it sends one). The reported usage is
+    recorded with the request (``requests[i]["usage"]``: ``(input, output)``).
     """
 
     text: str = ""
@@ -63,6 +67,14 @@ class Scripted:
     input_tokens: int = 10
     output_tokens: int = 5
     delay_s: float = 0.0
+    honest_usage: bool = False
+
+    def usage(self, body: dict[str, Any]) -> tuple[int, int]:
+        if not self.honest_usage:
+            return self.input_tokens, self.output_tokens
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        output = min(self.output_tokens, cap) if isinstance(cap, int) and cap > 0 else self.output_tokens
+        return len(json.dumps(body).encode()) // 4, output
 
 
 Default = Scripted | Callable[[dict[str, Any]], Scripted]
@@ -163,6 +175,7 @@ class FakeLLMServer:
         return json.dumps(self._anthropic(body, reply))
 
     def _openai(self, body: dict[str, Any], reply: Scripted) -> dict[str, Any]:
+        input_tokens, output_tokens = reply.usage(body)
         n = self._next_id()
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
         if reply.tool_calls:
@@ -180,13 +193,14 @@ class FakeLLMServer:
                 {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
             ],
             "usage": {
-                "prompt_tokens": reply.input_tokens,
-                "completion_tokens": reply.output_tokens,
-                "total_tokens": reply.input_tokens + reply.output_tokens,
+                "prompt_tokens": input_tokens,
+                "completion_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
             },
         }
 
     def _anthropic(self, body: dict[str, Any], reply: Scripted) -> dict[str, Any]:
+        input_tokens, output_tokens = reply.usage(body)
         n = self._next_id()
         content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
         for name, raw in reply.tool_calls:
@@ -199,7 +213,7 @@ class FakeLLMServer:
             "content": content,
             "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
         }
 
 
@@ -235,13 +249,16 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 body = {"_unparsed": raw.decode("utf-8", "replace")}
             path = self.path.split("?", 1)[0]
             headers = {k.lower(): v for k, v in self.headers.items()}
-            server._record({"path": path, "headers": headers, "body": body})
+            entry: dict[str, Any] = {"path": path, "headers": headers, "body": body}
+            server._record(entry)
             if path not in (OPENAI_PATH, ANTHROPIC_PATH):
                 self._send(404, _error_body(path, 404, f"no route for POST {path}"), {})
                 return
             try:
-                reply = server._next(body if isinstance(body, dict) else {})
-                payload = server.render(path, body if isinstance(body, dict) else {}, reply)
+                parsed = body if isinstance(body, dict) else {}
+                reply = server._next(parsed)
+                payload = server.render(path, parsed, reply)
+                entry["usage"] = reply.usage(parsed)
             except Exception as exc:  # a broken test callable should fail the call, not hang it
                 self._send(500, _error_body(path, 500, f"fake server error: {exc!r}"), {})
                 return
