@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows.approvals import ApprovalBook, Outcome, Problem, Verdict
-    from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem, reference_problem
+    from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, quote, safe
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
@@ -439,8 +439,6 @@ class AgentWorkflow:
     async def _fresh_carry(self, inp: AgentInput) -> Carry:
         info = workflow.info()
         conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
-        if problem := reference_problem(inp, info.parent):  # runtime-only fields (sub-agent definitions by digest)
-            raise _invalid_input(problem)
         fork = await self._fork(inp, conversation_id) if inp.fork is not None else None
         try:
             config = await workflow.execute_local_activity(

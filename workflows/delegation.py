@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError, is_cancelled_exception
-from temporalio.workflow import ParentClosePolicy, ParentInfo
+from temporalio.workflow import ParentClosePolicy
 
 from workflows.identity import sandbox_id_for
 from workflows.inputs import problems
@@ -312,20 +312,3 @@ def input_size_problem(inp: AgentInput) -> str:
     if size <= MAX_RUN_INPUT_BYTES:
         return ""
     return f"the input is {size} bytes, over the limit of {MAX_RUN_INPUT_BYTES} bytes (count its task and prompts)"
-
-
-def reference_problem(inp: AgentInput, parent: ParentInfo | None) -> str:
-    """Why the run may not name sub-agent definitions by digest, or ``""``: only its parent sets them.
-
-    (A runtime-only field: honoured only when the run has a parent, ``workflow.info().parent``.)
-    """
-    if not inp.subagents_ref and not inp.as_subagent:
-        return ""
-    if parent is None:
-        field = "subagents_ref" if inp.subagents_ref else "as_subagent"
-        return f"{field}: only a sub-agent names its tree's sub-agent definitions (set by its parent)"
-    if not inp.subagents_ref:
-        return "as_subagent: needs subagents_ref (set by the parent)"
-    if inp.subagents is not None:
-        return "subagents: a sub-agent that names its tree's definitions (subagents_ref) takes no others"
-    return ""

@@ -2,7 +2,8 @@
 
 Anyone who can start an ``AgentWorkflow`` decides its whole input, so the fields that only the
 runtime itself sets (``carry``, handed over by continue-as-new; ``depth``, ``budget``,
-``parent_conversation`` and ``checkpoint``, set by a parent for its sub-agent) are trusted only
+``parent_conversation``, ``checkpoint``, ``subagents_ref`` and ``as_subagent``, set by a parent for
+its sub-agent) are trusted only
 as far as the server's own account of the run (``workflow.info()``: its workflow id, first run,
 predecessor and parent) backs them:
 
@@ -126,6 +127,22 @@ def _checkpoint(inp: AgentInput, run: Lineage) -> str:
     return ""
 
 
+def _subagents_ref(inp: AgentInput, run: Lineage) -> str:
+    if run.parent_workflow_id is None:
+        return f"only a sub-agent names its tree's sub-agent definitions, set by its parent ({OUTSIDE})"
+    if inp.subagents is not None:
+        return "a sub-agent that names its tree's definitions takes no others (subagents)"
+    return ""
+
+
+def _as_subagent(inp: AgentInput, run: Lineage) -> str:
+    if run.parent_workflow_id is None:
+        return f"only a parent run sets it for its sub-agent ({OUTSIDE})"
+    if not inp.subagents_ref:
+        return "needs subagents_ref (set by the parent)"
+    return ""
+
+
 def _carry(inp: AgentInput, run: Lineage) -> str:
     carry = inp.carry
     assert carry is not None
@@ -152,6 +169,8 @@ RUNTIME_ONLY: dict[str, Check] = {
     "budget": _budget,
     "parent_conversation": _parent_conversation,
     "checkpoint": _checkpoint,
+    "subagents_ref": _subagents_ref,  # sub-agent definitions by digest (workflows/delegation.py)
+    "as_subagent": _as_subagent,
 }
 
 
