@@ -12,6 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,17 +21,20 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.checkpoints import ids
+from activities.checkpoints import gc, ids
+from activities.checkpoints.manifest import Manifest, ManifestEntry
+from activities.checkpoints.workspace import UNSAVED_RESTORED_NOTE
 from activities.runtime import Runtime
 from activities.sandbox.local import LocalSandboxBackend
 from activities.settings import CheckpointSettings, Settings
 from activities.store.base import RunStore
+from activities.tools.activity import tool_activities
 from tests.conftest import WorkerFactory, remove_all, require_bwrap, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, ForkSpec
+from workflows.types import AgentInput, AgentResult, ForkSpec, Message, ToolInvocation
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -196,3 +200,76 @@ async def test_the_store_counts_each_checkpoint_of_a_run_once(store: RunStore) -
     await store.checkpoint_record(run, "stopped", 0)
     assert await store.checkpoint_usage(run) == replace(usage, stopped=True)
     assert ids.run_key("a/b~c/run-1~0123456789") == "a/b~c/run-1" and ids.run_key("wf/run") == "wf/run"
+
+
+def invocation(seq: int, tool: str, arguments: dict[str, Any], checkpoint: str) -> ToolInvocation:
+    return ToolInvocation(
+        conversation_id="wf-ck-cap/run-1",
+        workflow_id="wf-ck-cap",
+        step=seq,
+        call_id=f"call_{seq}",
+        call_index=0,
+        seq=seq,
+        tool=tool,
+        arguments=arguments,
+        idempotency_key=f"ik_ck_cap_{seq}",
+        sandbox_id="sbx-ck-cap",
+        checkpoints=True,
+        checkpoint=checkpoint,
+    )
+
+
+@pytest.mark.parametrize("cap", ["bytes", "count"])
+async def test_past_the_cap_steps_get_an_unsaved_id_and_a_lost_sandbox_comes_back_with_the_last_checkpoint(
+    settings: Settings, cap: str
+) -> None:
+    require_bwrap()
+    limits = CheckpointSettings(run_max_mb=1) if cap == "bytes" else CheckpointSettings(run_max_count=1)
+    runtime = Runtime.from_settings(replace(settings, checkpoints=limits))
+    try:
+        tools = {fn.__name__: fn for fn in tool_activities(runtime)}
+        backend = runtime.sandbox_backend()
+        await backend.create("sbx-ck-cap", metadata={})
+        env = ActivityEnvironment()
+        shell = tools["tool_run_shell"]
+        write = "head -c 700000 /dev/urandom > {0} && echo wrote {0}"
+        first = await env.run(shell, invocation(1, "run_shell", {"command": write.format("a.bin")}, ""))
+        assert first.ok and first.checkpoint.startswith("sha256:") and STOPPED not in first.preview
+        second = await env.run(shell, invocation(2, "run_shell", {"command": write.format("b.bin")}, first.checkpoint))
+        assert second.ok and STOPPED in second.preview, second.preview
+        assert ("AGENT_CHECKPOINT_RUN_MAX_MB" if cap == "bytes" else "AGENT_CHECKPOINT_RUN_MAX_COUNT") in second.preview
+        assert ids.unsaved_base(second.checkpoint) == first.checkpoint
+        # the next step finds the workspace as it left it (nothing restored), and is not told again
+        third = await env.run(shell, invocation(3, "run_shell", {"command": "ls"}, second.checkpoint))
+        assert third.preview.startswith("exit_code: 0") and "b.bin" in third.preview and STOPPED not in third.preview
+        assert ids.unsaved_base(third.checkpoint) == first.checkpoint != third.checkpoint != second.checkpoint
+
+        await backend.kill("sbx-ck-cap")  # lost: it comes back with the last real checkpoint, and says so
+        fourth = await env.run(shell, invocation(4, "run_shell", {"command": "ls"}, third.checkpoint))
+        assert fourth.preview.startswith(UNSAVED_RESTORED_NOTE), fourth.preview
+        assert "a.bin" in fourth.preview and "b.bin" not in fourth.preview
+
+        # a rewind to step 1 (its checkpoint expected) after later uncheckpointed files: step 1's files
+        await env.run(shell, invocation(5, "run_shell", {"command": write.format("c.bin")}, fourth.checkpoint))
+        rewound = await env.run(shell, invocation(6, "run_shell", {"command": "ls"}, first.checkpoint))
+        assert rewound.preview.startswith("exit_code: 0") and "a.bin" in rewound.preview
+        assert "c.bin" not in rewound.preview, rewound.preview
+    finally:
+        if isinstance(backend := runtime.sandbox_backend(), LocalSandboxBackend):
+            await remove_all(backend)
+        await runtime.aclose()
+
+
+async def test_gc_keeps_the_checkpoint_an_unsaved_step_follows(store: RunStore) -> None:
+    data = b"the last checkpointed content"
+    file_digest = await store.put_blob(data)
+    entry = ManifestEntry(path="a.txt", kind="file", mode=0o644, size=len(data), hash=file_digest)
+    checkpoint = await store.put_blob(Manifest(entries=[entry]).encode())
+    tool = Message(role="tool", content="ok", tool_call_id="c1", name="run_shell")
+    await store.put_message("wf/run-1", 0, tool, {"checkpoint": ids.unsaved_id(checkpoint, "ik")})
+    await gc.collect(store, keep_conversation=keep_all, grace_s=0, now=time.time() + 10)
+    assert await store.get_blob(checkpoint) is not None and await store.get_blob(file_digest) == data
+
+
+async def keep_all(conversation_id: str, last_write: float) -> bool:
+    return True
