@@ -34,7 +34,7 @@ from typing import Any
 from activities.checkpoints import engine, ids
 from activities.checkpoints.workspace import Workspace
 from activities.runtime import Runtime
-from activities.sandbox.local import require_bwrap
+from activities.sandbox.local import LocalSandbox, require_bwrap
 from activities.settings import CheckpointSettings, LocalLimits, LocalSandboxSettings, SandboxSettings, Settings
 from workflows.types import ToolInvocation
 
@@ -84,6 +84,7 @@ async def measure(steps: int, change_kb: int, rewrite_steps: int, rewrite_mb: in
         backend = runtime.sandbox_backend()
         try:
             sandbox = await backend.create("sbx-bench", metadata={})
+            assert isinstance(sandbox, LocalSandbox)
             accounted: list[float] = []
             bare: list[float] = []
             checkpoint = ""
