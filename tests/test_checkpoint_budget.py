@@ -28,7 +28,7 @@ from activities.checkpoints.manifest import Manifest, ManifestEntry
 from activities.checkpoints.workspace import UNSAVED_RESTORED_NOTE
 from activities.runtime import Runtime
 from activities.sandbox.local import LocalSandboxBackend
-from activities.settings import CheckpointSettings, Settings
+from activities.settings import CheckpointSettings, ConfigurationError, Settings
 from activities.store.base import RunStore
 from activities.tools.activity import tool_activities
 from tests.conftest import WorkerFactory, remove_all, require_bwrap, start_agent
@@ -273,3 +273,14 @@ async def test_gc_keeps_the_checkpoint_an_unsaved_step_follows(store: RunStore) 
 
 async def keep_all(conversation_id: str, last_write: float) -> bool:
     return True
+
+
+def test_the_run_budget_defaults_to_four_times_the_workspace_limit_and_is_read_from_the_environment() -> None:
+    assert Settings.from_env({}).checkpoints.run_max_bytes == 4 * 256 * MIB
+    assert Settings.from_env({"AGENT_CHECKPOINT_MAX_MB": "10"}).checkpoints.run_max_bytes == 40 * MIB
+    read = Settings.from_env({"AGENT_CHECKPOINT_RUN_MAX_MB": "50", "AGENT_CHECKPOINT_RUN_MAX_COUNT": "7"}).checkpoints
+    assert (read.run_max_bytes, read.run_max_count) == (50 * MIB, 7)
+    assert Settings.from_env({}).checkpoints.run_max_count == 1000
+    for variable in ("AGENT_CHECKPOINT_RUN_MAX_MB", "AGENT_CHECKPOINT_RUN_MAX_COUNT"):
+        with pytest.raises(ConfigurationError, match=variable):
+            Settings.from_env({variable: "0"})
