@@ -51,6 +51,7 @@ class Workspace:
         self._rt = runtime
         self._inv = inv
         self.checkpoint = ""  # taken after the tool: a checkpoint id, an ``unsaved`` one, or "" (none)
+        self.stopped = False  # this call stopped the run's checkpoints (its note must reach the model)
 
     @property
     def _max_bytes(self) -> int:
@@ -118,6 +119,7 @@ class Workspace:
     async def _stop(self, sandbox: Any, run: str, why: str) -> str:
         """Stop the run's checkpoints for good (recorded in the store); the one line the model reads."""
         log.warning("workspace_checkpoints_stopped", run=run, reason=why)
+        self.stopped = True
         try:
             await self._rt.store.checkpoint_record(run, STOPPED, 0)
         except Exception as exc:  # the next call asks again
