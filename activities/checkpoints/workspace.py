@@ -15,6 +15,8 @@ run goes on. A step with no checkpoint of its own (stopped, too large, or failed
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Any
 
 import structlog
@@ -26,6 +28,7 @@ from activities.store.checkpoint_usage import STOPPED
 from workflows.types import ToolInvocation
 
 log = structlog.get_logger("activities.checkpoints")
+_RUN_LOCKS: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
 RESTORED_NOTE = (
     "[sandbox] note: this run's sandbox was recreated (it had expired or was lost, or this step runs on "
@@ -77,9 +80,16 @@ class Workspace:
 
     async def checkpoint_after(self, sandbox: Any) -> str:
         """Checkpoint the workspace; text to add to the tool's result ("" unless it could not be taken)."""
+        run = ids.run_key(self._inv.conversation_id)
+        # Parallel calls of one run on this worker check and spend its budget one at a time (across
+        # workers they may each pass the check: the budget can then be passed by one checkpoint per call).
+        lock = _RUN_LOCKS.setdefault(run, asyncio.Lock())
+        async with lock:
+            return await self._checkpoint_after(sandbox, run)
+
+    async def _checkpoint_after(self, sandbox: Any, run: str) -> str:
         limits = self._rt.settings.checkpoints
         store = self._rt.store
-        run = ids.run_key(self._inv.conversation_id)
         try:
             usage = await store.checkpoint_usage(run)
             if usage.stopped:
