@@ -76,6 +76,7 @@ bench: venv bwrap
 	$(PY) -m bench.sandbox_latency --n 50
 	$(PY) -m bench.kill_storm --runs 100 --kills 12
 	$(PY) -m bench.checkpoints --files 50 --file-mb 1 --steps 100 --change-kb 10
+	$(PY) -m bench.checkpoint_budget --steps 100 --change-kb 10 --rewrite-steps 6 --rewrite-mb 60 --run-max-mb 400
 	$(PY) -m bench.scale overhead --turns 10 50 200
 	$(PY) -m bench.scale throughput --runs 100 --turns 10 --workers 3 --rounds 3
 	$(PY) -m bench.scale durable-bytes --turns 200 --kb 10

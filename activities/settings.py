@@ -113,16 +113,27 @@ class SandboxSettings:
     reap_interval_s: float = 600.0  # 0: the worker never reaps sandboxes
 
 
+RUN_MAX_FACTOR = 4  # AGENT_CHECKPOINT_RUN_MAX_MB's default, in AGENT_CHECKPOINT_MAX_MB
+
+
 @dataclass(frozen=True)
 class CheckpointSettings:
     """Workspace checkpoints (``AGENT_CHECKPOINT_*``)."""
 
     max_mb: int = 256  # a workspace over this is not checkpointed (a tool error says so)
     retention_days: float = 7.0  # closed runs keep their checkpoints this long (to be forked)
+    # What one run's checkpoints may add to the run store in all (new bytes, after dedupe), and how many
+    # distinct checkpoints it may record; past either, its checkpoints stop (the model is told) and it goes on.
+    run_max_mb: int = 0  # 0: RUN_MAX_FACTOR x max_mb
+    run_max_count: int = 1000
 
     @property
     def max_bytes(self) -> int:
         return self.max_mb * 1024 * 1024
+
+    @property
+    def run_max_bytes(self) -> int:
+        return (self.run_max_mb or RUN_MAX_FACTOR * self.max_mb) * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -251,6 +262,8 @@ class Settings:
             checkpoints=CheckpointSettings(
                 max_mb=reader.integer("AGENT_CHECKPOINT_MAX_MB", 256, low=1, high=1024 * 1024),
                 retention_days=reader.number("AGENT_CHECKPOINT_RETENTION_DAYS", 7.0, minimum=0.0),
+                run_max_mb=reader.integer("AGENT_CHECKPOINT_RUN_MAX_MB", 0, low=1, high=1024 * 1024 * 1024),
+                run_max_count=reader.integer("AGENT_CHECKPOINT_RUN_MAX_COUNT", 1000, low=1, high=10_000_000),
             ),
             observability=_observability(reader),
             extensions=ExtensionSettings(

@@ -241,17 +241,36 @@ async def test_hostile_entries_are_not_stored(cloud: FakeCloud, sbx: E2BSandbox,
     build_hostile(root)
     taken = await engine.take(sbx, store, max_bytes=10 * MB)
     manifest = await engine.load_manifest(store, taken.checkpoint_id)
-    assert sorted(e.path for e in manifest.entries) == [
-        "--checkpoint-action=exec=touch pwned",
-        "--checkpoint=1",
-        "d",
-        "ok.txt",
-    ]
+    kept = ["--checkpoint-action=exec=touch pwned", "--checkpoint=1", "bad-\udcff-name", "d", "ok.txt"]
+    assert sorted(e.path for e in manifest.entries) == kept  # a name that is not UTF-8 is kept (its bytes)
     assert "pwned" not in snapshot(root)
 
     # restoring makes the workspace exactly the checkpoint: the hostile leftovers go
     await engine.restore(sbx, store, taken.checkpoint_id, max_bytes=10 * MB)
-    assert sorted(snapshot(root)) == ["--checkpoint-action=exec=touch pwned", "--checkpoint=1", "d", "ok.txt"]
+    assert sorted(snapshot(root)) == kept
+
+
+async def test_names_that_are_not_utf8_survive_a_restore(
+    cloud: FakeCloud, sbx: E2BSandbox, store: SQLiteRunStore
+) -> None:
+    root = os.fsencode(ws(cloud, sbx))
+    os.makedirs(root + b"/d\xff")
+    for name, data in {b"caf\xe9.txt": b"latin-1", b"d\xff/in\xfe": b"nested"}.items():
+        write_raw(root + b"/" + name, data)
+    os.symlink(b"caf\xe9.txt", root + b"/link\xe9")
+    taken = await engine.take(sbx, store, max_bytes=10 * MB)
+    manifest = await engine.load_manifest(store, taken.checkpoint_id)
+    names = sorted(os.fsencode(e.path) for e in manifest.entries)
+    assert names == [b"caf\xe9.txt", b"d\xff", b"d\xff/in\xfe", b"link\xe9"]
+    assert (await engine.take(sbx, store, max_bytes=10 * MB)).read_bytes == 0  # the marker holds their stamps
+
+    for name in (b"caf\xe9.txt", b"d\xff/in\xfe", b"link\xe9"):
+        os.unlink(root + b"/" + name)
+    os.rmdir(root + b"/d\xff")
+    await engine.restore(sbx, store, taken.checkpoint_id, max_bytes=10 * MB)
+    assert read_raw(root + b"/caf\xe9.txt") == b"latin-1"
+    assert read_raw(root + b"/d\xff/in\xfe") == b"nested"
+    assert os.readlink(root + b"/link\xe9") == b"caf\xe9.txt"
 
 
 def test_parse_scan_is_defensive() -> None:
@@ -276,6 +295,7 @@ def test_parse_scan_is_defensive() -> None:
         ("a.txt", "file", 0o644, ""),
         ("dir", "dir", 0o755, ""),
         ("dir/in", "symlink", 0o644, "../a.txt"),
+        ("bad\udcff", "file", 0o644, ""),  # not UTF-8: its bytes, kept
     ]
     assert entries[0].stamp == "5:1.5:2.25:7" and entries[0].size == 5 and entries[1].size == 0
     assert parse_scan(b"", max_entries=10) == []
@@ -376,3 +396,13 @@ async def test_sdk_failures_map_to_the_backend_errors(cloud: FakeCloud, sbx: E2B
     cloud.vms[sbx.ref].state = "killed"
     with pytest.raises(SandboxMissing):
         await engine.restore(sbx, store, taken.checkpoint_id, max_bytes=MB)
+
+
+def read_raw(path: bytes) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_raw(path: bytes, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)

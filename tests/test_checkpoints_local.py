@@ -225,7 +225,7 @@ async def test_hostile_entries_are_left_out_and_never_block(box: LocalSandbox, s
     )
     assert stat.S_ISSOCK((box.workspace / "sock").lstat().st_mode)
     scanned = {e.path: e for e in await asyncio.wait_for(box.scan_workspace(max_entries=MAX_ENTRIES), GUARD_S)}
-    assert set(scanned) == {"ok.txt", "hard.txt", "d", "d/fine", "new\nline", "noread"}
+    assert set(scanned) == {"ok.txt", "hard.txt", "d", "d/fine", "new\nline", "noread", "bad-\udcff"}
     started = time.monotonic()
     read = await asyncio.wait_for(
         box.read_workspace_files(["fifo", "d/fifo2", "passwd", "sock", "d/up3/../ok.txt", "ok.txt"], max_bytes=MIB),
@@ -244,13 +244,13 @@ async def test_hostile_entries_are_left_out_and_never_block(box: LocalSandbox, s
     assert not any(b and b.startswith(b"root:") for b in all_blobs)
 
     # a restore removes what is not stored (FIFOs and sockets included) without opening it
-    await sh(box, "rm -f ok.txt 'new\nline'")
+    await sh(box, "rm -f ok.txt 'new\nline' bad-*")
     await restore(box, store, taken.checkpoint_id)
     left = snapshot(box.workspace)
     assert {p for p, v in left.items() if v[0] == "special"} == set() and "passwd" not in left
     assert left["new\nline"] == ("file", 0o644, b"s") and left["noread"] == ("file", 0, b"z")
-    assert os.fsencode("bad-\udcff") not in [os.fsencode(p) for p in left]
-    assert b"bad-\xff" not in os.listdir(os.fsencode(box.workspace))
+    # a name that is not UTF-8 is stored like any other (its bytes) and comes back
+    assert left["bad-\udcff"] == ("file", 0o644, b"")
 
 
 @pytest.mark.asyncio
@@ -385,3 +385,31 @@ def test_manifest_of_a_restore_ignores_unsafe_entries(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert snapshot(root) == {"d": ("dir", 0o755), "d/in": ("symlink", "../f"), "f": ("file", 0o755, b"1")}
+
+
+@pytest.mark.asyncio
+async def test_names_that_are_not_utf8_are_checkpointed_as_bytes(box: LocalSandbox, store: SQLiteRunStore) -> None:
+    raw = {b"caf\xe9.txt": b"latin-1 name", b"d\xff/in\xfe.bin": b"nested", b"ok.txt": b"plain"}
+    script = (
+        "import os; os.mkdir(b'd\\xff');"
+        + "".join(f"open({name!r}, 'wb').write({data!r});" for name, data in raw.items())
+        + "os.symlink(b'caf\\xe9.txt', b'link\\xe9')"
+    )
+    await sh(box, f'python3 -c "{script}"')
+    taken = await take(box, store)
+    entries = await manifest(store, taken.checkpoint_id)
+    assert {os.fsencode(p) for p in entries} == {*raw, b"d\xff", b"link\xe9"}
+    stored = await store.get_blob(taken.checkpoint_id)
+    assert stored is not None and b"/b64/" in stored  # base64 of the raw name on the wire
+    assert (await take(box, store)).read_bytes == 0  # the marker's stamps hold such names too
+
+    await sh(box, 'rm -rf -- * && test -z "$(ls -A)"')
+    await restore(box, store, taken.checkpoint_id)
+    for name, data in raw.items():
+        assert read_raw(os.fsencode(box.workspace) + b"/" + name) == data
+    assert os.readlink(os.fsencode(box.workspace) + b"/link\xe9") == b"caf\xe9.txt"
+
+
+def read_raw(path: bytes) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

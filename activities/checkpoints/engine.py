@@ -5,7 +5,10 @@ sandbox's marker names (so a step that changed one 10 KB file in a 50 MB workspa
 stores new contents as blobs, and stores the manifest; its digest is the checkpoint id.
 ``restore`` makes the workspace hold exactly a checkpoint's entries, rewriting only what differs.
 Both refuse a workspace over ``max_bytes`` with :class:`CheckpointTooLarge`, a tool error the model
-reads: the run goes on, without that checkpoint.
+reads: the run goes on, without that checkpoint. ``take`` also refuses, with
+:class:`CheckpointBudgetExceeded`, a checkpoint that would add more than ``remaining`` bytes to the
+store (the run's ``AGENT_CHECKPOINT_RUN_MAX_MB`` left): checked on the files it would read before
+reading them, then on what it really added (only blobs the store did not hold yet count).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ class CheckpointError(SandboxError):
 
 class CheckpointTooLarge(CheckpointError):
     """The workspace is over ``AGENT_CHECKPOINT_MAX_MB`` (or ``MAX_ENTRIES`` entries)."""
+
+
+class CheckpointBudgetExceeded(CheckpointError):
+    """This checkpoint would take the run's checkpoints past ``AGENT_CHECKPOINT_RUN_MAX_MB``."""
 
 
 class CheckpointMissing(CheckpointError):
@@ -73,10 +80,15 @@ class Taken:
     total_bytes: int
     read_bytes: int  # of files whose stamp changed (what this checkpoint had to read)
     duration_ms: int
+    new_bytes: int = 0  # what it added to the store: contents and manifest it did not hold yet
 
 
-async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> Taken:
-    """Checkpoint the workspace; the marker then names the new checkpoint."""
+async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int, remaining: int | None = None) -> Taken:
+    """Checkpoint the workspace; the marker then names the new checkpoint.
+
+    ``remaining``: the most this checkpoint may add to the store (None: no bound), else
+    :class:`CheckpointBudgetExceeded` and nothing is recorded.
+    """
     started = time.monotonic()
     marker = await sandbox.checkpoint_marker() or CheckpointMarker()
     scan = await sandbox.scan_workspace(max_entries=MAX_ENTRIES)
@@ -93,11 +105,17 @@ async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> T
             hashes[entry.path] = known
         else:
             unread.append(entry.path)
+    if remaining is not None:
+        to_read = set(unread)
+        changed = sum(e.size for e in scan if e.kind == "file" and e.path in to_read)
+        if changed > remaining:
+            raise CheckpointBudgetExceeded(f"its changed files hold {changed} bytes, {remaining} are left")
     contents = await sandbox.read_workspace_files(unread, max_bytes=max_bytes) if unread else {}
-    read_bytes = 0
+    read_bytes = new_bytes = 0
     for path, data in contents.items():
-        hashes[path] = await store.put_blob(data)
+        hashes[path], new = await store.add_blob(data)
         read_bytes += len(data)
+        new_bytes += len(data) if new else 0
     entries: list[ManifestEntry] = []
     for entry in scan:
         if entry.kind == "file":
@@ -112,7 +130,12 @@ async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> T
     manifest = Manifest(entries=entries)
     if manifest.total_bytes() > max_bytes:
         raise CheckpointTooLarge(_too_large(manifest.total_bytes(), max_bytes))
-    checkpoint_id = await store.put_blob(manifest.encode())
+    encoded = manifest.encode()
+    if remaining is not None and new_bytes + len(encoded) > remaining:
+        # What it stored already is named by nothing: garbage collection deletes it after its grace period.
+        raise CheckpointBudgetExceeded(f"it adds {new_bytes + len(encoded)} bytes, {remaining} are left")
+    checkpoint_id, new = await store.add_blob(encoded)
+    new_bytes += len(encoded) if new else 0
     stamps = {e.path: e.stamp for e in scan if e.kind == "file" and e.path in hashes and e.stamp}
     await sandbox.set_checkpoint_marker(CheckpointMarker(checkpoint_id=checkpoint_id, stamps=stamps, hashes=hashes))
     return Taken(
@@ -121,6 +144,7 @@ async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int) -> T
         total_bytes=manifest.total_bytes(),
         read_bytes=read_bytes,
         duration_ms=int((time.monotonic() - started) * 1000),
+        new_bytes=new_bytes,
     )
 
 

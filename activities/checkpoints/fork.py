@@ -26,6 +26,7 @@ from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.checkpoints.ids import unsaved_base
 from activities.runtime import Runtime
 from activities.store.base import StoredMessage
 from workflows.inputs import quote
@@ -60,6 +61,9 @@ class ForkActivities:
                 f"{req.source.workflow_id} has {steps} complete step(s) in the run store; "
                 f"cannot fork at step {req.source.step}"
             )
+        checkpoint = checkpoint_at(transcript, end)
+        if unsaved_base(checkpoint) is not None:
+            raise _refused(no_checkpoint_message(req.source.workflow_id, req.source.step, transcript))
         await self._rt.store.copy_messages(view.conversation_id, req.conversation_id, end)
         length = end
         original_task = transcript[1].message.content if len(transcript) > 1 else ""
@@ -70,7 +74,7 @@ class ForkActivities:
             source_conversation=view.conversation_id,
             transcript_len=length,
             step=req.source.step,
-            checkpoint=checkpoint_at(transcript, end),
+            checkpoint=checkpoint,
             model=view.model,
         )
 
@@ -97,6 +101,21 @@ def checkpoint_at(transcript: list[StoredMessage], end: int) -> str:
         if entry.message.role == "tool" and isinstance(checkpoint, str) and checkpoint:
             return checkpoint
     return ""
+
+
+def no_checkpoint_message(workflow_id: str, step: int, transcript: list[StoredMessage]) -> str:
+    """Why a fork at ``step`` is refused: its workspace has no checkpoint; the latest step that has one."""
+    earlier = step - 1
+    while earlier > 0:
+        end = end_of_step(transcript, earlier)
+        if end is not None and unsaved_base(checkpoint_at(transcript, end)) is None:
+            break
+        earlier -= 1
+    return (
+        f"step {step} of {workflow_id} has no workspace checkpoint of its own (its checkpoints had stopped at "
+        f"AGENT_CHECKPOINT_RUN_MAX_MB/_COUNT, or that step's files could not be checkpointed); "
+        f"fork at step {earlier} or earlier"
+    )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Mark: for every conversation the store knows, ``keep_conversation(conversation_i
 decides whether it is kept. Every entry of a kept conversation is read (a page at a time, gaps and
 all) and marks
   * ``meta["checkpoint"]``, a checkpoint id, and every file ``hash`` of that manifest (each manifest
-    is loaded once, however many entries and conversations name it);
+    is loaded once, however many entries and conversations name it; an ``unsaved`` id marks the
+    checkpoint it follows, see ``activities.checkpoints.ids``);
   * ``meta["mcp_snapshot"]``, the MCP tool list the model saw;
   * every ``sha256:<64 hex>`` anywhere in the entry's message (content, tool calls) or meta: MCP
     images, whole large results, whatever else a message mentions. Marking a string that only looks
@@ -50,6 +51,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from activities.checkpoints.ids import real_base
 from activities.checkpoints.manifest import Manifest
 from activities.store.base import BlobCorrupt, RunStore, StoredMessage, is_blob_digest
 
@@ -153,6 +155,8 @@ def _mark_entry(entry: StoredMessage, marked: set[str]) -> str:
     marked.update(_DIGEST.findall(entry.message.model_dump_json()))
     marked.update(_DIGEST.findall(json.dumps(entry.meta, default=str)))
     checkpoint = entry.meta.get("checkpoint")
+    if isinstance(checkpoint, str):
+        checkpoint = real_base(checkpoint)  # a step with no checkpoint of its own keeps the one before it
     if not isinstance(checkpoint, str) or not is_blob_digest(checkpoint):
         return ""  # none ("" is the empty workspace), or not a digest at all
     return checkpoint

@@ -11,20 +11,61 @@ sandbox's :class:`CheckpointMarker` next to the id of the checkpoint the workspa
 
 Only regular files, directories and symlinks whose target stays inside the workspace are stored;
 devices, sockets, FIFOs and links that point out are left out (and never restored).
+
+Names are bytes on disk and need not be UTF-8 (``b"caf\\xe9.txt"``). In memory a path is the
+``surrogateescape`` decoding of its bytes (what ``os`` gives for such a name); on the wire (the
+encoded manifest, the marker's JSON) a path that is not valid UTF-8 is written as
+``/b64/<urlsafe base64 of its bytes>``: a leading ``/`` never starts a workspace-relative path, so
+the two forms cannot be confused, and a manifest of UTF-8 names encodes exactly as before (old
+manifests read as they are, and keep their ids).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from pathlib import PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_serializer, field_validator
 
 EntryKind = Literal["file", "dir", "symlink"]
 MAX_ENTRIES = 100_000  # of one workspace: a tree of more is refused, not stored in part
 MAX_PATH_CHARS = 4096
 MAX_MARKER_BYTES = 32 * 1024 * 1024  # a marker file read back from a sandbox (hostile in a remote VM)
+RAW_PREFIX = "/b64/"  # a name that is not valid UTF-8, on the wire (see the module)
+
+
+def name_bytes(name: str) -> bytes | None:
+    """The bytes of an in-memory name (``surrogateescape``), None for a str no name decodes to."""
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate outside U+DC80..U+DCFF
+        return None
+
+
+def to_wire(name: str) -> str:
+    """``name`` as JSON can carry it: itself when it is valid UTF-8, else ``RAW_PREFIX`` + base64 of its bytes."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        raw = name_bytes(name)
+        if raw is None:
+            raise ValueError(f"not a file name: {name[:200]!r}") from None
+        return RAW_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def from_wire(value: Any) -> Any:
+    """The in-memory form of a wire name (anything else is returned as it is, for validation to judge)."""
+    if not isinstance(value, str) or not value.startswith(RAW_PREFIX):
+        return value
+    try:
+        raw = base64.b64decode(value[len(RAW_PREFIX) :].encode("ascii"), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        raise ValueError(f"not a base64 file name: {value[:200]!r}") from None
+    return raw.decode("utf-8", "surrogateescape")
 
 
 class ManifestEntry(BaseModel):
@@ -35,12 +76,21 @@ class ManifestEntry(BaseModel):
     hash: str = ""  # files: the content's store digest ("sha256:...")
     target: str = ""  # symlinks: the link text (relative, resolving inside the workspace)
 
+    @field_validator("path", "target", mode="before")
+    @classmethod
+    def _from_wire(cls, value: Any) -> Any:
+        return from_wire(value)
+
     @field_validator("path")
     @classmethod
     def _relative(cls, path: str) -> str:
         if not safe_relative(path):
             raise ValueError(f"not a workspace-relative path: {path[:200]!r}")
         return path
+
+    @field_serializer("path", "target")
+    def _to_wire(self, value: str) -> str:
+        return to_wire(value)
 
 
 class Manifest(BaseModel):
@@ -82,10 +132,21 @@ class CheckpointMarker(BaseModel):
     stamps: dict[str, str] = Field(default_factory=dict)  # path -> stamp at that checkpoint
     hashes: dict[str, str] = Field(default_factory=dict)  # path -> content digest at that checkpoint
 
+    @field_validator("stamps", "hashes", mode="before")
+    @classmethod
+    def _keys_from_wire(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {from_wire(key): item for key, item in value.items()}
+
+    @field_serializer("stamps", "hashes")
+    def _keys_to_wire(self, value: dict[str, str]) -> dict[str, str]:
+        return {to_wire(key): item for key, item in value.items()}
+
 
 def safe_relative(path: str) -> bool:
     """``path`` names something inside the workspace (relative, normalised, no ``..``, no NUL)."""
-    if not path or len(path) > MAX_PATH_CHARS or "\x00" in path or path.startswith("/"):
+    if not path or len(path) > MAX_PATH_CHARS or "\x00" in path or path.startswith("/") or name_bytes(path) is None:
         return False
     parts = PurePosixPath(path).parts
     return bool(parts) and all(part not in (".", "..") for part in parts) and "/".join(parts) == path
@@ -94,6 +155,8 @@ def safe_relative(path: str) -> bool:
 def link_stays_inside(path: str, target: str) -> bool:
     """A symlink at ``path`` with text ``target`` resolves (lexically) inside the workspace."""
     if not target or target.startswith("/") or "\x00" in target or len(target) > MAX_PATH_CHARS:
+        return False
+    if name_bytes(target) is None:
         return False
     depth = len(PurePosixPath(path).parts) - 1  # directories above the link
     for part in PurePosixPath(target).parts:

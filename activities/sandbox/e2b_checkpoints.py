@@ -13,6 +13,9 @@
   last) and the lists of what to keep go up; one script removes everything else, sets the kept
   files' modes and extracts the archive.
 * The marker is a JSON file in the VM outside the workspace (:data:`MARKER_PATH`).
+* Names are bytes throughout (the listing, the NUL lists, the archives): one that is not valid
+  UTF-8 is its ``surrogateescape`` decoding in memory, like the local backend's (see
+  :mod:`activities.checkpoints.manifest`), so it is checkpointed and restored like any other.
 
 Every script runs as the VM's default user (the one the model's commands run as, so restored files
 stay the model's) with an empty environment, and starts with ``set -e`` (the fake E2B runs such
@@ -114,8 +117,9 @@ def _too_large(what: str, size: int, max_bytes: int) -> CheckpointTooLarge:
 def parse_scan(data: bytes, *, max_entries: int) -> list[ScanEntry]:
     """Entries of a ``find -printf FIND_FORMAT`` listing; hostile input: refused when malformed.
 
-    Records with a name that is not UTF-8 or not a clean relative path, FIFOs, sockets, devices and
-    symlinks whose text resolves outside the workspace are skipped (never stored, never restored).
+    Names are decoded with ``surrogateescape`` (any bytes). Records with a name that is not a clean
+    relative path, FIFOs, sockets, devices and symlinks whose text resolves outside the workspace are
+    skipped (never stored, never restored).
     """
     if not data:
         return []
@@ -140,11 +144,8 @@ def parse_scan(data: bytes, *, max_entries: int) -> list[ScanEntry]:
         mode = int(mode_b, 8)
         if kind is None or mode > 0o7777:
             continue
-        try:
-            path = name_b.decode("utf-8")
-            target = link_b.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
+        path = name_b.decode("utf-8", "surrogateescape")
+        target = link_b.decode("utf-8", "surrogateescape")
         if not safe_relative(path):
             continue
         if kind == "symlink":
@@ -171,7 +172,7 @@ def extract_files(archive: bytes, wanted: set[str], *, max_bytes: int) -> dict[s
     found: dict[str, bytes] = {}
     total = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:", encoding="utf-8", errors="surrogateescape") as tar:
             for member in tar:
                 if not member.isreg() or member.name not in wanted or not safe_relative(member.name):
                     continue
@@ -195,7 +196,10 @@ def build_archive(entries: list[ManifestEntry], contents: dict[str, bytes], keep
     buffer = io.BytesIO()
     now = int(time.time())
     order = {"dir": 0, "file": 1, "symlink": 2}
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    # PAX: a name that is not UTF-8 goes as its raw bytes (hdrcharset=BINARY), which GNU tar extracts as such
+    with tarfile.open(
+        fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
+    ) as tar:
         for entry in sorted(entries, key=lambda e: (order[e.kind], e.path)):
             if not safe_relative(entry.path):
                 raise CheckpointError(f"not a workspace path: {entry.path[:200]!r}")
@@ -219,7 +223,11 @@ def build_archive(entries: list[ManifestEntry], contents: dict[str, bytes], keep
 
 
 def _nul_list(items: list[str] | set[str]) -> bytes:
-    return b"".join(item.encode() + b"\0" for item in sorted(items))
+    return b"".join(_raw(item) + b"\0" for item in sorted(items))
+
+
+def _raw(name: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape")
 
 
 class E2BCheckpoints:
@@ -322,7 +330,7 @@ class E2BCheckpoints:
         stage = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
         names, archive = f"{stage}/list", f"{stage}/out.tar"
         # per member: a header, a long-name (or pax) header and its blocks, the content's padding
-        cap = max_bytes + TAR_SLACK_BYTES + sum(2048 + len(p.encode()) for p in wanted)
+        cap = max_bytes + TAR_SLACK_BYTES + sum(2048 + len(_raw(p)) for p in wanted)
         script = (
             "set -e\n"
             f"cd {WORKSPACE}\n"
@@ -351,7 +359,7 @@ class E2BCheckpoints:
             parts = path.split("/")[:-1]
             dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
         modes = b"".join(
-            f"{e.mode:o}".encode() + b"\0" + e.path.encode() + b"\0"
+            f"{e.mode:o}".encode() + b"\0" + _raw(e.path) + b"\0"
             for e in sorted(entries, key=lambda e: e.path)
             if e.path in keep
         )

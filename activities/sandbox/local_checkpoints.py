@@ -19,9 +19,11 @@ mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sa
 
 What a checkpoint holds: regular files (mode: permission bits without setuid/setgid),
 directories (permission bits and the sticky bit) and symlinks whose text stays inside the
-workspace (:func:`~activities.checkpoints.manifest.link_stays_inside`). FIFOs, sockets,
-devices, outward symlinks and names that are not valid UTF-8 (or not a
-:func:`~activities.checkpoints.manifest.safe_relative` path) are left out, with a count
+workspace (:func:`~activities.checkpoints.manifest.link_stays_inside`). Names are kept
+whatever their bytes (one that is not valid UTF-8 is its ``surrogateescape`` decoding in
+memory and base64 on the wire, see :mod:`~activities.checkpoints.manifest`). FIFOs, sockets,
+devices, outward symlinks and names that are not a
+:func:`~activities.checkpoints.manifest.safe_relative` path are left out, with a count
 logged. Hard links are stored as separate files (a restore writes them as such). In a
 ``loop`` workspace the root's ``lost+found`` belongs to ext4: it is never scanned, stored
 or removed.
@@ -86,12 +88,7 @@ Owner = tuple[int, int] | None
 
 
 def _path_of(parts: tuple[str, ...]) -> str | None:
-    """The manifest path of ``parts``, or None when it cannot be one (not UTF-8, not a safe relative path)."""
-    try:
-        for part in parts:
-            part.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
+    """The manifest path of ``parts`` (any bytes: ``surrogateescape``), or None when it is not a safe relative path."""
     path = "/".join(parts)
     return path if safe_relative(path) else None
 
@@ -155,7 +152,7 @@ def scan(
         raise _walk_error(exc, "checkpointed") from None
     if any(skipped.values()):
         log.info(
-            "workspace scan: left out %d names that are not valid UTF-8 or not safe paths, %d FIFOs/sockets/devices, "
+            "workspace scan: left out %d names that are not safe relative paths, %d FIFOs/sockets/devices, "
             "%d symlinks pointing outside the workspace",
             skipped["name"],
             skipped["special"],
@@ -168,10 +165,6 @@ def _readlink(item: Found) -> str | None:
     try:
         target = os.readlink(item.name, dir_fd=item.dir_fd)
     except OSError:  # gone, or replaced by something that is not a link, meanwhile
-        return None
-    try:
-        target.encode("utf-8")
-    except UnicodeEncodeError:
         return None
     return target
 

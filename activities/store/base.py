@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field
 
 from activities.store.budget import BudgetSpent, BudgetVerdict
+from activities.store.checkpoint_usage import CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from workflows.types import Message
 
@@ -215,6 +216,18 @@ class RunStore(Protocol):
         Idempotent: a second put of the same bytes stores nothing new.
         ``ValueError`` when ``data`` is over ``MAX_BLOB_BYTES``.
         """
+        ...
+
+    async def add_blob(self, data: bytes) -> tuple[str, bool]:
+        """``put_blob``, and whether this call stored it (False: those bytes were stored already)."""
+        ...
+
+    async def checkpoint_usage(self, run: str) -> CheckpointUsage:
+        """What the checkpoints of ``run`` added to the store (see ``activities.store.checkpoint_usage``)."""
+        ...
+
+    async def checkpoint_record(self, run: str, checkpoint_id: str, new_bytes: int) -> None:
+        """Count checkpoint ``checkpoint_id`` of ``run`` with the bytes it added (the first record wins)."""
         ...
 
     async def get_blob(self, digest: str) -> bytes | None:

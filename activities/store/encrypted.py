@@ -30,6 +30,7 @@ from typing import Any
 from activities.crypto.keyring import KeyRing, KeyRingError
 from activities.store.base import MAX_BLOB_BYTES, RunStore, StoredMessage, StoreError
 from activities.store.budget import BudgetSpent, BudgetVerdict
+from activities.store.checkpoint_usage import CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from activities.store.packing import pack_bytes, unpack_bytes
 from workflows.types import Message
@@ -171,10 +172,21 @@ class EncryptedRunStore:
     # --- blobs ---------------------------------------------------------------------
 
     async def put_blob(self, data: bytes) -> str:
+        return (await self.add_blob(data))[0]
+
+    async def add_blob(self, data: bytes) -> tuple[str, bool]:
         if len(data) > MAX_BLOB_BYTES:
             raise ValueError(f"blob of {len(data)} bytes is over the limit of {MAX_BLOB_BYTES} bytes")
         key_id, sealed = self._seal(bytes(data), _BLOB, deterministic=True)
-        return await self.inner.put_blob(BLOB_MAGIC + bytes([len(key_id)]) + key_id.encode() + sealed)
+        return await self.inner.add_blob(BLOB_MAGIC + bytes([len(key_id)]) + key_id.encode() + sealed)
+
+    # --- checkpoint usage (numbers and checkpoint ids only) ------------------------
+
+    async def checkpoint_usage(self, run: str) -> CheckpointUsage:
+        return await self.inner.checkpoint_usage(run)
+
+    async def checkpoint_record(self, run: str, checkpoint_id: str, new_bytes: int) -> None:
+        await self.inner.checkpoint_record(run, checkpoint_id, new_bytes)
 
     async def get_blob(self, digest: str) -> bytes | None:
         stored = await self.inner.get_blob(digest)

@@ -41,6 +41,7 @@ from activities.store.base import (
     encode_blob,
     is_blob_digest,
 )
+from activities.store.checkpoint_usage import STOPPED, CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
 from workflows.types import Message
@@ -109,6 +110,16 @@ _MIGRATIONS: tuple[str, ...] = (
         key TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (root, key)
+    );
+    """,
+    # What each run's checkpoints added to the store (AGENT_CHECKPOINT_RUN_MAX_*).
+    """
+    CREATE TABLE checkpoint_usage (
+        run TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run, checkpoint_id)
     );
     """,
 )
@@ -531,16 +542,40 @@ class PostgresRunStore:
     # --- blobs ----------------------------------------------------------------------
 
     async def put_blob(self, data: bytes) -> str:
+        return (await self.add_blob(data))[0]
+
+    async def add_blob(self, data: bytes) -> tuple[str, bool]:
         # Hashing and compressing up to MAX_BLOB_BYTES takes a while: not on the event loop.
         digest, encoding, stored = await asyncio.to_thread(encode_blob, data)
         async with self._conn() as conn:
             # Same digest, same bytes: whoever inserted first stored exactly what we would.
-            await conn.execute(
+            cur = await conn.execute(
                 "INSERT INTO blobs (digest, size, encoding, data, created_at) VALUES (%s, %s, %s, %s, %s)"
                 " ON CONFLICT (digest) DO NOTHING",
                 (digest, len(data), encoding, stored, time.time()),
             )
-        return digest
+            return digest, cur.rowcount == 1
+
+    # --- checkpoint usage -----------------------------------------------------------
+
+    async def checkpoint_usage(self, run: str) -> CheckpointUsage:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT COALESCE(SUM(bytes), 0), COUNT(*) FILTER (WHERE checkpoint_id <> %s),"
+                " COALESCE(BOOL_OR(checkpoint_id = %s), FALSE) FROM checkpoint_usage WHERE run = %s",
+                (STOPPED, STOPPED, run),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return CheckpointUsage(bytes=int(row[0]), count=int(row[1]), stopped=bool(row[2]))
+
+    async def checkpoint_record(self, run: str, checkpoint_id: str, new_bytes: int) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO checkpoint_usage (run, checkpoint_id, bytes, at) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (run, checkpoint_id, new_bytes, time.time()),
+            )
 
     async def get_blob(self, digest: str) -> bytes | None:
         if not is_blob_digest(digest):

@@ -28,6 +28,7 @@ from activities.store.base import (
     encode_blob,
     is_blob_digest,
 )
+from activities.store.checkpoint_usage import STOPPED, CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
 from activities.store.packing import pack_text, unpack_text
@@ -85,6 +86,13 @@ CREATE TABLE IF NOT EXISTS blobs (
 );
 -- Covering, so that listing old blobs never reads their data (which sits before created_at in a row).
 CREATE INDEX IF NOT EXISTS blobs_created ON blobs (created_at, digest);
+CREATE TABLE IF NOT EXISTS checkpoint_usage (
+    run TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (run, checkpoint_id)
+);
 """
 T = TypeVar("T")
 # How long one statement waits for another connection's write lock before it fails (StoreUnavailable,
@@ -466,15 +474,15 @@ class SQLiteRunStore:
 
     # --- blobs ----------------------------------------------------------------------
 
-    def _put_blob(self, data: bytes) -> str:
+    def _put_blob(self, data: bytes) -> tuple[str, bool]:
         digest, encoding, stored = encode_blob(data)
         with self._lock:
             # Same digest, same bytes: whoever inserted first stored exactly what we would.
-            self._conn.execute(
+            cur = self._conn.execute(
                 "INSERT OR IGNORE INTO blobs (digest, size, encoding, data, created_at) VALUES (?, ?, ?, ?, ?)",
                 (digest, len(data), encoding, stored, time.time()),
             )
-        return digest
+        return digest, cur.rowcount == 1
 
     def _get_blob(self, digest: str) -> bytes | None:
         with self._lock:
@@ -499,7 +507,34 @@ class SQLiteRunStore:
         return deleted
 
     async def put_blob(self, data: bytes) -> str:
+        return (await self._call(self._put_blob, data))[0]
+
+    async def add_blob(self, data: bytes) -> tuple[str, bool]:
         return await self._call(self._put_blob, data)
+
+    # --- checkpoint usage -----------------------------------------------------------
+
+    def _checkpoint_usage(self, run: str) -> CheckpointUsage:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(checkpoint_id != ?), 0),"
+                " COALESCE(MAX(checkpoint_id = ?), 0) FROM checkpoint_usage WHERE run = ?",
+                (STOPPED, STOPPED, run),
+            ).fetchone()
+        return CheckpointUsage(bytes=int(row[0]), count=int(row[1]), stopped=bool(row[2]))
+
+    def _checkpoint_record(self, run: str, checkpoint_id: str, new_bytes: int) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO checkpoint_usage (run, checkpoint_id, bytes, at) VALUES (?, ?, ?, ?)",
+                (run, checkpoint_id, new_bytes, time.time()),
+            )
+
+    async def checkpoint_usage(self, run: str) -> CheckpointUsage:
+        return await self._read(self._checkpoint_usage, run)
+
+    async def checkpoint_record(self, run: str, checkpoint_id: str, new_bytes: int) -> None:
+        await self._call(self._checkpoint_record, run, checkpoint_id, new_bytes)
 
     async def get_blob(self, digest: str) -> bytes | None:
         if not is_blob_digest(digest):

@@ -169,10 +169,13 @@ async def _execute_raw(
             text += await workspace.checkpoint_after(ctx.sandbox)
         return (f"{note}\n{text}" if note else text), False
     except (ToolError, SandboxError) as exc:
+        after = ""
         if workspace is not None and ctx.sandbox is not None and not isinstance(exc, SandboxMissing):
-            # A failed tool may still have changed files (a command that wrote, then failed).
-            await workspace.checkpoint_after(ctx.sandbox)  # its note is dropped: the model reads the error
-        return f"Error: {exc}", True
+            # A failed tool may still have changed files (a command that wrote, then failed). Its note is
+            # dropped (the model reads the error), unless it says the run's checkpoints stopped.
+            note = await workspace.checkpoint_after(ctx.sandbox)
+            after = note if workspace.stopped else ""
+        return f"Error: {exc}{after}", True
 
 
 async def _resolve_by_hand(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> tuple[str, bool]:

@@ -33,6 +33,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
+from durable_agents.cli.checkpoint_steps import decode_results, refuse_uncheckpointed
 from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,
@@ -135,6 +136,8 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     steps = steps_done(events, source)
     if step > steps:
         raise CliError(f"run {source_id} has {steps} complete step(s); cannot fork at step {step}")
+    await decode_results(client, events)
+    refuse_uncheckpointed(events, source_id, step, "fork")
     inp = fork_input(source, args)
     workflow_id = args.id or f"{source_id}-fork{step}-{uuid.uuid4().hex[:6]}"
     task_queue = desc.task_queue  # where the source's workers (and so its run store) are
@@ -236,6 +239,8 @@ async def cmd_rewind(client: Client, args: argparse.Namespace, settings: Setting
         raise CliError(
             f"run {workflow_id} has no step after {step} to rewind from (steps it has: {max(turns, default=first)})"
         )
+    await decode_results(client, events)
+    refuse_uncheckpointed([e for e in events if e.event_id < target], workflow_id, step, "rewind")
     response = await client.workflow_service.reset_workflow_execution(
         ResetWorkflowExecutionRequest(
             namespace=client.namespace,
