@@ -9,6 +9,11 @@
 Run it when you add a scenario, never to "fix" a failing replay: a replay
 failure means the loop's command sequence changed, which must be guarded with
 ``workflow.patched`` so that runs started before the change still replay.
+
+``legacy_policy.json`` is not recorded here: it was recorded by the code before the
+``policy-re2-known-keys-v1`` patch (commit e593983), with an operator rule using lookahead and a run
+policy using ``\\d`` on an Arabic-Indic digit, lookahead and a misspelt key, all of which today's code
+refuses at load. It proves such runs replay as they ran (Python's ``re``, unknown keys ignored).
 """
 
 from __future__ import annotations

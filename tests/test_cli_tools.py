@@ -146,7 +146,7 @@ def test_a_server_that_cannot_start_is_reported_and_everything_else_still_listed
     ("case", "expected"),
     [
         ("bad_json", "AGENT_MCP_CONFIG="),
-        ("unknown_field", "mcpServers.time.colour: unknown field"),
+        ("unknown_field", "mcpServers.time.colour: unknown key 'colour'"),
         ("missing_variable", "${MISSING_VAR}"),
         ("missing_command", "'no-such-mcp-server' is not found"),
         ("bad_policy", "AGENT_POLICY_FILE"),

@@ -66,8 +66,11 @@ def test_stdio_and_http_servers_with_references_resolved_and_their_values_secret
     ("document", "named"),
     [
         ("{not json", "not valid JSON"),
-        ({"mcpServers": {"x": {"command": PYTHON, "autoApprove": []}}}, "mcpServers.x.autoApprove: unknown field"),
-        ({"servers": {}}, "servers: unknown field"),
+        (
+            {"mcpServers": {"x": {"command": PYTHON, "autoApprove": []}}},
+            "mcpServers.x.autoApprove: unknown key 'autoApprove'",
+        ),
+        ({"servers": {}}, "servers: unknown key 'servers' (did you mean 'mcpServers'?)"),
         ({"mcpServers": {"x": {"command": "no-such-mcp-server-binary"}}}, "'no-such-mcp-server-binary' is not found"),
         ({"mcpServers": {"x": {"command": "./nope/server"}}}, "is not an executable file"),
         (

@@ -76,7 +76,7 @@ def _no_file(tmp: Path) -> Path:
     ("make_config", "needle"),
     [
         (_invalid_json, "not valid JSON"),
-        (_unknown_field, "mcpServers.x.autoApprove: unknown field"),
+        (_unknown_field, "mcpServers.x.autoApprove: unknown key 'autoApprove'"),
         (_missing_command, "mcpServers.x.command: 'no-such-mcp-server-binary' is not found on the worker's PATH"),
         (_unset_reference, "mcpServers.x.env.TOKEN: references ${NOT_SET_VAR}, which is not set"),
         (_no_file, "cannot be read"),

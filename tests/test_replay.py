@@ -47,6 +47,7 @@ def test_there_are_recorded_histories() -> None:
         "fork",
         "mcp_tools",
         "encrypted_approvals",
+        "legacy_policy",
     }
 
 

@@ -19,7 +19,7 @@ from tests.conftest import WorkerFactory
         ({"task": "t", "limts": {"max_steps": 1}}, "invalid run input: limts: Extra inputs are not permitted"),
         (
             {"task": "t", "limits": {"max_step": 1}},
-            "invalid run input: limits.max_step: Extra inputs are not permitted",
+            "invalid run input: limits.max_step: unknown key 'max_step' (did you mean 'max_steps'?)",
         ),
         ({"tsk": "t"}, "invalid run input: task: Field required"),
     ],

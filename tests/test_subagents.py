@@ -160,7 +160,7 @@ async def test_unknown_subagent_names_fail_the_run_at_start(
     [
         ({"read_file": {"description": "x"}}, "has the name of a tool"),
         ({"a": {"description": "x", "tools": ["nope"]}}, "unknown tools ['nope']"),
-        ({"a": {"description": "x", "modle": "y"}}, "a.modle: Extra inputs are not permitted"),
+        ({"a": {"description": "x", "modle": "y"}}, "a.modle: unknown key 'modle' (did you mean 'model'?)"),
         ({"1bad": {"description": "x"}}, "1bad.[key]"),
         ({"a": {}}, "a.description: Field required"),
     ],

@@ -29,59 +29,82 @@ To restrict what those tools may do, list what is allowed with ``allow_only``
 metacharacters (``ls( [\w./-]+)*``, never ``.*``). The boundary that holds
 whatever the command is the sandbox.
 
+Patterns are RE2 (workflows.patterns): they match in linear time, syntax RE2
+refuses (backreferences, lookaround) is refused when the policy is loaded, and
+at most 64 KiB of an argument is matched. A longer argument fails closed: a
+``deny`` or ``ask`` rule's ``when`` counts it as matching, an ``allow`` rule's
+``when`` never matches it, and ``allow_only`` never allows it. A policy document
+refuses keys it does not know, naming the nearest one (``wen``: did you mean
+``when``?): a misspelt condition must not leave a rule that matches every call.
+
 Policies already in a run's history (the operator's snapshot, a run's own
 ``policy`` input) are validated again by workflow code on every replay. There a
 ``when`` rule on those tools is still accepted and keeps its old meaning, so that
 runs started before the check existed replay unchanged; a run started through
-the Temporal API with such a run policy only ever tightens its decisions.
+the Temporal API with such a run policy only ever tightens its decisions. Runs
+recorded before RE2 and the key check (no ``STRICT_POLICY_PATCH`` marker) keep
+Python's ``re`` and ignore unknown keys, as they ran.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from temporalio import workflow
+
+from workflows.known_keys import TOLERATE_UNKNOWN, KnownKeys
+from workflows.patterns import Pattern, PatternError
 
 Verdict = Literal["allow", "ask", "deny"]
 _STRICTNESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
 DEFAULT_APPROVAL_TIMEOUT_S = 24 * 3600
 # Arguments that are programs: no regular expression can say what they do (see the module docstring).
 CODE_ARGUMENTS: dict[str, tuple[str, ...]] = {"run_shell": ("command",), "run_python": ("code",)}
+# Marks runs started with RE2 patterns and strict keys; a run recorded without it replays as it ran.
+STRICT_POLICY_PATCH = "policy-re2-known-keys-v1"
+LEGACY_PATTERNS = "legacy_patterns"  # validation context key: Python's re, as before STRICT_POLICY_PATCH
 
 
-class PolicyRule(BaseModel):
+class PolicyRule(KnownKeys):
     name: str = ""
     tool: str = "*"
     when: dict[str, str] = Field(default_factory=dict)
     allow_only: dict[str, list[str]] = Field(default_factory=dict)
     decision: Verdict
     approval_timeout_s: int | None = Field(default=None, ge=1)
-
-    @field_validator("when")
-    @classmethod
-    def _patterns_compile(cls, when: dict[str, str]) -> dict[str, str]:
-        for key, pattern in when.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"when.{key}: invalid regular expression {pattern!r}: {exc}") from None
-        return when
+    _when: list[tuple[str, Pattern]] = PrivateAttr(default_factory=list)
+    _allow_only: dict[str, list[Pattern]] = PrivateAttr(default_factory=dict)
 
     @field_validator("allow_only")
     @classmethod
-    def _allow_lists_compile(cls, allow_only: dict[str, list[str]]) -> dict[str, list[str]]:
+    def _allow_lists_not_empty(cls, allow_only: dict[str, list[str]]) -> dict[str, list[str]]:
         for key, patterns in allow_only.items():
             if not patterns:
                 raise ValueError(f"allow_only.{key}: list at least one regular expression")
-            for pattern in patterns:
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise ValueError(f"allow_only.{key}: invalid regular expression {pattern!r}: {exc}") from None
         return allow_only
+
+    @model_validator(mode="after")
+    def _compiled(self, info: ValidationInfo) -> PolicyRule:
+        legacy = bool(info.context and info.context.get(LEGACY_PATTERNS))
+        named = f"rule {self.name!r}: " if self.name else ""
+
+        def compiled(where: str, source: str, *, ignore_case: bool) -> Pattern:
+            try:
+                return Pattern(source, ignore_case=ignore_case, legacy=legacy)
+            except PatternError as exc:  # a custom error: no "Value error, " before the message
+                raise PydanticCustomError(
+                    "invalid_pattern", "{message}", {"message": f"{named}{where}: {exc}"}
+                ) from None
+
+        self._when = [(key, compiled(f"when.{key}", s, ignore_case=True)) for key, s in self.when.items()]
+        self._allow_only = {
+            key: [compiled(f"allow_only.{key}", s, ignore_case=False) for s in sources]
+            for key, sources in self.allow_only.items()
+        }
+        return self
 
     @model_validator(mode="after")
     def _enforceable(self) -> PolicyRule:
@@ -107,23 +130,27 @@ class PolicyRule(BaseModel):
     def matches(self, tool: str, args: dict[str, Any]) -> bool:
         if not fnmatch.fnmatchcase(tool, self.tool):
             return False
-        for key, pattern in self.when.items():
+        for key, pattern in self._when:
             if key not in args or args[key] is None:
                 return False
-            if re.search(pattern, str(args[key]), flags=re.IGNORECASE) is None:
+            found = pattern.search(str(args[key]))
+            if found is None:  # longer than the patterns may look at: fail closed
+                found = self.decision != "allow"
+            if not found:
                 return False
         return True
 
     def verdict_for(self, args: dict[str, Any]) -> Verdict:
         """The rule's verdict for a call it matches: ``allow`` for a call its ``allow_only`` lists."""
-        for key, patterns in self.allow_only.items():
+        for key, patterns in self._allow_only.items():
             value = args.get(key)
-            if value is None or not any(re.fullmatch(pattern, str(value)) for pattern in patterns):
+            # A value longer than the patterns may look at (fullmatch None) is never allowed.
+            if value is None or not any(pattern.fullmatch(str(value)) is True for pattern in patterns):
                 return self.decision
         return "allow" if self.allow_only else self.decision
 
 
-class Policy(BaseModel):
+class Policy(KnownKeys):
     rules: list[PolicyRule] = Field(default_factory=list)
     approval_timeout_s: int = Field(default=DEFAULT_APPROVAL_TIMEOUT_S, ge=1)
 
@@ -192,5 +219,14 @@ def decide(
 
 
 def parse_run_policy(raw: dict[str, Any]) -> Policy | None:
-    """A run input's ``policy`` object (``{"rules": [...], "approval_timeout_s": N}``), or None when empty."""
-    return Policy.model_validate(raw) if raw else None
+    """A run input's ``policy`` object (``{"rules": [...], "approval_timeout_s": N}``), or None when empty.
+
+    In workflow code this decides ``STRICT_POLICY_PATCH`` (the first call is in the run's first activation,
+    before any command): a run recorded before it keeps Python's ``re`` and ignores unknown keys, as it did.
+    """
+    strict = not workflow.in_workflow() or workflow.patched(STRICT_POLICY_PATCH)
+    if not raw:
+        return None
+    if strict:
+        return Policy.model_validate(raw)
+    return Policy.model_validate(raw, context={LEGACY_PATTERNS: True, TOLERATE_UNKNOWN: True})

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
+from workflows.known_keys import KnownKeys
+
 # Bounds of what a run accepts from outside. Every number and string a caller sends is bounded, so
 # that no input can overflow a timer or a datetime in workflow code, or grow the run's state
 # (history, status query, continue-as-new input) past Temporal's payload limits.
@@ -49,10 +51,8 @@ RunState = Literal["running", "waiting_approval", "completed", "failed", "cancel
 ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
 
 
-class Limits(BaseModel):
+class Limits(KnownKeys):  # a misspelled limit must not run with the default
     """Brakes enforced by the workflow before every model turn."""
-
-    model_config = ConfigDict(extra="forbid")  # a misspelled limit must not run with the default
 
     max_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
     max_tokens: int = Field(default=200_000, ge=1, le=MAX_TOKENS)
@@ -74,10 +74,8 @@ class TreeBudget(BaseModel):
     max_cost_usd: float = Field(ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
 
 
-class SubagentDef(BaseModel):
+class SubagentDef(KnownKeys):
     """A sub-agent: to the parent's model a tool named after it, taking ``{"task": str}``; run as a child run."""
-
-    model_config = ConfigDict(extra="forbid")
 
     description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)
     model: Name = ""  # empty: the worker's default model

@@ -30,9 +30,10 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from activities.settings import ConfigurationError, Settings
+from workflows.known_keys import KnownKeys
 
 VARIABLE = "AGENT_MCP_CONFIG"
 SERVER_NAME_PATTERN = r"^[A-Za-z0-9-]([A-Za-z0-9_-]{0,30}[A-Za-z0-9-])?$"  # no "__": it separates name parts
@@ -43,19 +44,15 @@ _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 Recovery = Literal["idempotent_by_key", "unknown"]
 
 
-class McpToolOptions(BaseModel):
+class McpToolOptions(KnownKeys):
     """What the operator says about one tool of a server, over what the server says about it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     recovery: Recovery | None = None
     read_only: bool | None = None  # None: the server's readOnlyHint decides
     timeout_s: int | None = Field(default=None, ge=1, le=3600)
 
 
-class McpServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class McpServerConfig(KnownKeys):
     type: Literal["stdio", "http", "streamable-http", "streamableHttp"] | None = None
     command: str = ""
     args: list[str] = Field(default_factory=list)
@@ -101,9 +98,7 @@ class McpServerConfig(BaseModel):
         return self.options(tool).timeout_s or self.timeout_s
 
 
-class McpConfigFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class McpConfigFile(KnownKeys):
     mcpServers: dict[str, McpServerConfig] = Field(default_factory=dict)
 
 
@@ -147,8 +142,7 @@ def load_mcp_config(settings: Settings) -> McpConfig:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         location = ".".join(str(part) for part in first["loc"]) or "(file)"
-        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
-        raise ConfigurationError(f"{where}: {location}: {message}") from None
+        raise ConfigurationError(f"{where}: {location}: {first['msg']}") from None
     servers: dict[str, McpServerConfig] = {}
     secrets: list[str] = []
     for name, server in parsed.mcpServers.items():
