@@ -101,7 +101,7 @@ CASES: list[tuple[str, list[Any], str]] = [
     ("task of 1 MB", [{"task": "x" * 1_000_001}], "task: String should have at most 1000000 characters"),
     ("long tenant", [{"task": "t", "tenant": "x" * 201}], "tenant: String should have at most 200 characters"),
     ("many approvers", [{"task": "t", "approvers": ["a"] * 101}], "approvers: List should have at most 100 items"),
-    ("long unknown field", [{"task": "t", BIG_KEY: 1}], "Extra inputs are not permitted"),
+    ("long unknown field", [{"task": "t", BIG_KEY: 1}], "unknown key"),
     # a forged continue-as-new carry
     ("carry from the far future", [{"task": "t", "carry": carry(started_at=1e300)}], "started_at must be between"),
     (

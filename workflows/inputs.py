@@ -70,8 +70,8 @@ def one_payload(fn: F) -> F:
 
 
 def safe(text: str, limit: int = QUOTE_MAX) -> str:
-    """``text`` cut to ``limit`` characters (marked), with anything that is not valid Unicode escaped."""
-    cut = text[:limit] + ("…" if len(text) > limit else "")
+    """``text`` cut to at most ``limit`` characters (the cut marked), anything not valid Unicode escaped."""
+    cut = text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
     return cut.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -91,9 +91,8 @@ def problems(err: ValidationError) -> str:
     for e in errors[:ERRORS_MAX]:
         where = ".".join(safe(str(p), 40) for p in e["loc"]) or "input"
         parts.append(f"{where}: {safe(e['msg'], 200)}")
-    if len(errors) > ERRORS_MAX:
-        parts.append(f"and {len(errors) - ERRORS_MAX} more problem(s)")
-    return safe("; ".join(parts), MESSAGE_MAX)
+    more = f"; and {len(errors) - ERRORS_MAX} more problem(s)" if len(errors) > ERRORS_MAX else ""
+    return safe("; ".join(parts), MESSAGE_MAX - len(more)) + more  # the count survives the cut
 
 
 def decode(value: object, model: type[M], extra: tuple[Any, ...] = ()) -> M | str:

@@ -209,20 +209,17 @@ class Carry(BaseModel):
         return stream
 
 
-class ForkSpec(BaseModel):
+class ForkSpec(KnownKeys):
     """Where a fork starts: a run (its latest, or ``run_id``) and the number of its steps to keep."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workflow_id: str = Field(min_length=1, max_length=1000)
     run_id: str = Field(default="", max_length=100)
     step: int = Field(ge=0, le=1_000_000)
 
 
-class AgentInput(BaseModel):
-    """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name."""
-
-    model_config = ConfigDict(extra="forbid")
+class AgentInput(KnownKeys):
+    """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name,
+    with the nearest valid one (``unknown key 'taks' (did you mean 'task'?)``)."""
 
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
     model: Name = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
