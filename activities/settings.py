@@ -171,6 +171,8 @@ class EncryptionSettings:
     codec_token: SecretStr | None = None  # AGENT_CODEC_TOKEN: the codec server wants `Authorization: Bearer <it>`
     codec_origins: tuple[str, ...] = DEFAULT_CODEC_ORIGINS  # AGENT_CODEC_CORS_ORIGINS: browser origins allowed
     ui_codec_endpoint: str = ""  # AGENT_UI_CODEC_ENDPOINT: `make server` points the dev server's UI at it
+    codec_max_payloads: int = 10_000  # AGENT_CODEC_MAX_PAYLOADS: payloads per codec request (more: 413)
+    codec_deadline_s: float = 10.0  # AGENT_CODEC_DEADLINE_S: a codec request not done by then is 503/504
 
     @property
     def enabled(self) -> bool:
@@ -430,6 +432,8 @@ def _encryption(reader: _Reader) -> EncryptionSettings:
         codec_token=reader.secret("AGENT_CODEC_TOKEN"),
         codec_origins=origins,
         ui_codec_endpoint=endpoint,
+        codec_max_payloads=reader.integer("AGENT_CODEC_MAX_PAYLOADS", 10_000, low=1, high=10_000_000),
+        codec_deadline_s=reader.number("AGENT_CODEC_DEADLINE_S", 10.0, positive=True),
     )
 
 
