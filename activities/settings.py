@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import SecretStr, ValidationError
 
 from activities.crypto.keyring import KeyRing
+from activities.store_urls import StoreUrlError, is_postgres, sqlite_path
 
 DEFAULT_STATE_DIR = Path(".agent")
 DEFAULT_UID_BASE = 2_000_000_000
@@ -255,7 +256,7 @@ class Settings:
             worker=_worker(reader),
             encryption=_encryption(reader),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
-            store_url=reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3"),
+            store_url=_store_url(reader, state_dir),
             state_dir=state_dir,
             prices_file=reader.text("AGENT_PRICES"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
@@ -446,8 +447,19 @@ def _keyring(variable: str, text: str) -> KeyRing:
 
 
 def is_shared_store(url: str) -> bool:
-    """Whether a run store URL names the shared (PostgreSQL) store rather than a SQLite file."""
-    return url.startswith(("postgresql://", "postgres://"))
+    """Whether a run store URL names the shared (PostgreSQL) store (a URL or a conninfo) rather than a SQLite file."""
+    return is_postgres(url)
+
+
+def _store_url(reader: _Reader, state_dir: Path) -> str:
+    """``AGENT_STORE_URL``; text that would make a SQLite file named after connection settings is refused."""
+    url = reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3")
+    if not is_postgres(url):
+        try:
+            sqlite_path(url)
+        except StoreUrlError as exc:
+            raise ConfigurationError(f"AGENT_STORE_URL {exc}") from None
+    return url
 
 
 def _observability(reader: _Reader) -> ObservabilitySettings:
