@@ -196,6 +196,7 @@ class Settings:
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
     prices_file: str = ""
+    allow_unpriced: bool = False  # AGENT_ALLOW_UNPRICED: a run may set max_cost_usd with a model that has no price
     policy_file: str = ""
     subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
     mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
@@ -259,6 +260,7 @@ class Settings:
             store_url=_store_url(reader, state_dir),
             state_dir=state_dir,
             prices_file=reader.text("AGENT_PRICES"),
+            allow_unpriced=reader.flag("AGENT_ALLOW_UNPRICED"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
             subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
             mcp_config=reader.text("AGENT_MCP_CONFIG"),
@@ -319,6 +321,12 @@ class _Reader:
     def secret(self, name: str) -> SecretStr | None:
         value = self.text(name)
         return SecretStr(value) if value else None
+
+    def flag(self, name: str) -> bool:
+        raw = self.text(name).lower()
+        if raw and raw not in (*_TRUE, *_FALSE):
+            raise ConfigurationError(f"{name}={self.text(name)!r}: expected 1 or 0")
+        return raw in _TRUE
 
     def names(self, name: str) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.text(name).split(",") if part.strip())

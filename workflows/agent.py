@@ -161,6 +161,8 @@ class AgentWorkflow:
             children_usage=self._children_usage,
             conversation_id=self._carry.conversation_id if self._carry else "",
             checkpoint=self._carry.checkpoint if self._carry else "",
+            cost_tracked=self._carry.cost_tracked if self._carry else True,
+            notes=self._start_notes,
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -437,7 +439,12 @@ class AgentWorkflow:
             config = await workflow.execute_local_activity(
                 "run_config",
                 RunConfigRequest(
-                    model=inp.model or (fork.model if fork else ""), tools=inp.tools, subagents=inp.subagents
+                    model=inp.model or (fork.model if fork else ""),
+                    tools=inp.tools,
+                    subagents=inp.subagents,
+                    explicit_cost_cap=inp.budget is None
+                    and "max_cost_usd" in inp.limits.model_fields_set
+                    and inp.limits.max_cost_usd > 0,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
@@ -445,8 +452,9 @@ class AgentWorkflow:
                     maximum_attempts=3, non_retryable_error_types=["InvalidInput", "InvalidPolicy"]
                 ),
             )
-        except ActivityError as err:
-            raise _invalid_input(safe(cause_text(err), MESSAGE_MAX)) from None
+        except (ActivityError, ApplicationError) as err:  # a local activity's failure arrives unwrapped
+            problem = err.message if isinstance(err, ApplicationError) else cause_text(err)
+            raise _invalid_input(safe(problem, MESSAGE_MAX)) from None
         opening = [
             Message(role="system", content=inp.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
@@ -475,6 +483,7 @@ class AgentWorkflow:
             shared_sandbox=inp.parent_conversation,
             mcp_snapshot=config.mcp_snapshot,
             mcp_per_run=config.mcp_per_run,
+            cost_tracked=config.cost_tracked,
             budget=inp.budget
             or (
                 TreeBudget(

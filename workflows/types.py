@@ -11,7 +11,15 @@ import base64
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
@@ -53,6 +61,13 @@ class Limits(BaseModel):
     max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
     timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)
     max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # of sub-agent delegation (0: none)
+
+    # Only the limits a caller set are serialized, so the workflow can tell an explicit cap from the default
+    # (``model_fields_set``): an explicit max_cost_usd with a model that has no price is refused at start.
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {name: value for name, value in data.items() if name in self.model_fields_set}
 
 
 SubagentName = Annotated[str, Field(pattern=SUBAGENT_NAME_PATTERN)]
@@ -160,6 +175,7 @@ class Carry(BaseModel):
     fork_of: str = ""  # "<workflow id> step <n>" when the run is a fork
     forked_at_step: int = 0  # its step numbers go on from the source's; its max_steps counts from here
     mcp_per_run: list[str] = Field(default_factory=list)  # MCP servers started for this run alone
+    cost_tracked: bool = True  # RunConfig.cost_tracked, shown by ``status`` after continue-as-new too
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -353,6 +369,8 @@ class StatusView(BaseModel):
     children_usage: Usage = Field(default_factory=Usage)  # what its child runs spent
     conversation_id: str = ""  # where its transcript is in the run store (a fork starts from it)
     checkpoint: str = ""  # the workspace checkpoint its sandbox is expected to hold
+    cost_tracked: bool = True  # False: the model has no price, so max_cost_usd is not enforced
+    notes: list[str] = Field(default_factory=list)  # what the run started without ("cost not tracked: ...")
 
 
 # --- transcript -----------------------------------------------------------------
@@ -389,6 +407,8 @@ class RunConfigRequest(BaseModel):
     model: str = ""
     tools: list[str] | None = None
     subagents: dict[str, SubagentDef] | list[str] | None = None
+    # The run's input set limits.max_cost_usd (> 0) itself: an unpriced model is then refused (AGENT_ALLOW_UNPRICED).
+    explicit_cost_cap: bool = False
 
 
 class RunConfig(BaseModel):
@@ -403,6 +423,7 @@ class RunConfig(BaseModel):
     mcp_snapshot: str = ""  # digest of the MCP tool list (definitions, schemas) stored in the run store
     mcp_per_run: list[str] = Field(default_factory=list)  # per-run MCP servers among the run's tools
     notes: list[str] = Field(default_factory=list)  # what the run starts without (an MCP server that is down)
+    cost_tracked: bool = True  # False: the model has no price (its turns cost $0; max_cost_usd cannot stop it)
 
 
 class ModelRequest(BaseModel):

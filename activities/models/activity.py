@@ -75,6 +75,14 @@ class ModelActivities:
             self._rt.providers.registry.check_model(model)
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
+        unpriced = self._rt.prices.unpriced_note(model)
+        if unpriced and req.explicit_cost_cap and not self._rt.settings.allow_unpriced:
+            raise ApplicationError(
+                f"limits.max_cost_usd: model {model} has no price, so the cap could never stop the run: add it to "
+                "AGENT_PRICES, drop max_cost_usd, or let the operator set AGENT_ALLOW_UNPRICED=1",
+                type="InvalidInput",
+                non_retryable=True,
+            )
         known = self._rt.tools.names()
         requested = None if req.tools is None else list(dict.fromkeys(req.tools))
         unknown = sorted({t for t in requested or [] if not mcp_catalog.is_mcp_name(t)} - set(known))
@@ -101,7 +109,8 @@ class ModelActivities:
             search_attributes=self._rt.search_attributes_ready,
             mcp_snapshot=mcp.digest,
             mcp_per_run=mcp.per_run,
-            notes=mcp.notes,
+            notes=[unpriced, *mcp.notes] if unpriced else mcp.notes,
+            cost_tracked=not unpriced,
         )
 
     async def _mcp_snapshot(self, requested: list[str] | None) -> _McpChoice:
