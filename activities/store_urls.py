@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import re
 
-import psycopg
-import psycopg.conninfo
-
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _PASSWORD = re.compile(r"password\s*=", re.IGNORECASE)
 _KEY_FIRST = re.compile(r"\s*[A-Za-z_]+\s*=")  # `dbname=x ...`: a conninfo libpq refused (a typo in a key)
@@ -27,6 +24,9 @@ def conninfo(url: str) -> dict[str, str] | None:
     """The parameters of a libpq conninfo string, or ``None`` when ``url`` is not one."""
     if "://" in url or "=" not in url:
         return None
+    import psycopg  # here: a SQLite path, the common case, never loads libpq
+    import psycopg.conninfo
+
     try:
         params = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
