@@ -84,6 +84,7 @@ bench: venv bwrap
 	$(PY) -m bench.cluster_storm --runs 100 --workers 3 --kills 12 --pg-down 20
 	$(PY) -m bench.encryption --turns 20 --kb 10 --repeat 15
 	$(PY) -m bench.regex_isolation --repeat 7
+	$(PY) -m bench.codec_latency --samples 50
 
 clean: stop
 	rm -rf .agent .temporal

@@ -69,6 +69,8 @@ async def _serve(settings: Settings) -> int:
     except ConfigurationError as exc:
         log.error("bad_configuration", error=str(exc))
         return 2
+    if unpriced := plugin.runtime.prices.unpriced_note(settings.model):
+        log.warning("model_unpriced", model=settings.model, note=unpriced)
     try:
         client = await connect(
             settings.temporal,

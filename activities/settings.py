@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import SecretStr, ValidationError
 
 from activities.crypto.keyring import KeyRing
+from activities.store_urls import StoreUrlError, is_postgres, sqlite_path
 from workflows.types import MAX_DEPTH
 
 DEFAULT_STATE_DIR = Path(".agent")
@@ -183,6 +184,8 @@ class EncryptionSettings:
     codec_token: SecretStr | None = None  # AGENT_CODEC_TOKEN: the codec server wants `Authorization: Bearer <it>`
     codec_origins: tuple[str, ...] = DEFAULT_CODEC_ORIGINS  # AGENT_CODEC_CORS_ORIGINS: browser origins allowed
     ui_codec_endpoint: str = ""  # AGENT_UI_CODEC_ENDPOINT: `make server` points the dev server's UI at it
+    codec_max_payloads: int = 10_000  # AGENT_CODEC_MAX_PAYLOADS: payloads per codec request (more: 413)
+    codec_deadline_s: float = 10.0  # AGENT_CODEC_DEADLINE_S: a codec request not done by then is 503/504
 
     @property
     def enabled(self) -> bool:
@@ -205,6 +208,7 @@ class Settings:
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
     prices_file: str = ""
+    allow_unpriced: bool = False  # AGENT_ALLOW_UNPRICED: a run may set max_cost_usd with a model that has no price
     policy_file: str = ""
     subagents_file: str = ""  # AGENT_SUBAGENTS_FILE: the operator's sub-agent definitions (JSON)
     # The most one model turn may return (sent to the provider; a tree's budget reserves it per turn).
@@ -273,9 +277,10 @@ class Settings:
             worker=_worker(reader),
             encryption=_encryption(reader),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
-            store_url=reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3"),
+            store_url=_store_url(reader, state_dir),
             state_dir=state_dir,
             prices_file=reader.text("AGENT_PRICES"),
+            allow_unpriced=reader.flag("AGENT_ALLOW_UNPRICED"),
             policy_file=reader.text("AGENT_POLICY_FILE"),
             subagents_file=reader.text("AGENT_SUBAGENTS_FILE"),
             max_output_tokens=reader.integer("AGENT_MAX_OUTPUT_TOKENS", 4096, low=1, high=1_000_000),
@@ -361,7 +366,7 @@ class _Reader:
             raise ConfigurationError(f"{name}={raw!r} must be at least {minimum:g}")
         return value
 
-    def flag(self, name: str, default: bool) -> bool:
+    def flag(self, name: str, default: bool = False) -> bool:
         raw = self.text(name).lower()
         if not raw:
             return default
@@ -463,6 +468,8 @@ def _encryption(reader: _Reader) -> EncryptionSettings:
         codec_token=reader.secret("AGENT_CODEC_TOKEN"),
         codec_origins=origins,
         ui_codec_endpoint=endpoint,
+        codec_max_payloads=reader.integer("AGENT_CODEC_MAX_PAYLOADS", 10_000, low=1, high=10_000_000),
+        codec_deadline_s=reader.number("AGENT_CODEC_DEADLINE_S", 10.0, positive=True),
     )
 
 
@@ -475,8 +482,19 @@ def _keyring(variable: str, text: str) -> KeyRing:
 
 
 def is_shared_store(url: str) -> bool:
-    """Whether a run store URL names the shared (PostgreSQL) store rather than a SQLite file."""
-    return url.startswith(("postgresql://", "postgres://"))
+    """Whether a run store URL names the shared (PostgreSQL) store (a URL or a conninfo) rather than a SQLite file."""
+    return is_postgres(url)
+
+
+def _store_url(reader: _Reader, state_dir: Path) -> str:
+    """``AGENT_STORE_URL``; text that would make a SQLite file named after connection settings is refused."""
+    url = reader.text("AGENT_STORE_URL") or str(state_dir / "store.sqlite3")
+    if not is_postgres(url):
+        try:
+            sqlite_path(url)
+        except StoreUrlError as exc:
+            raise ConfigurationError(f"AGENT_STORE_URL {exc}") from None
+    return url
 
 
 def _observability(reader: _Reader) -> ObservabilitySettings:

@@ -12,7 +12,14 @@ take and return ``{"payloads": [{"metadata": {name: base64}, "data": base64}]}``
   preflight included (``Authorization``, ``X-Namespace``, ``Content-Type``).
 - **A bearer token** when ``AGENT_CODEC_TOKEN`` is set: requests without
   ``Authorization: Bearer <token>`` get 401.
-- **Bounded bodies**: over ``MAX_BODY_BYTES`` is 413.
+- **Bounded bodies**: over ``MAX_BODY_BYTES`` is 413, and so is a request of more than
+  ``AGENT_CODEC_MAX_PAYLOADS`` payloads (default 10,000).
+- **Off the event loop, with a deadline**: parsing, decoding and serializing run in
+  ``DEFAULT_SLOTS`` worker threads (:mod:`durable_agents.codec_work`), and bodies up to
+  ``QUICK_BODY_BYTES`` in threads of their own, so a small request is answered while large
+  ones are decoded; a request not done within
+  ``AGENT_CODEC_DEADLINE_S`` (default 10 s, waiting for a thread included) is 503/504 and
+  its work is abandoned at the next payload.
 - A payload the ring cannot decrypt is 400 naming the key id, never a crash.
 - Nothing decoded is written anywhere: one log line per request with its path,
   namespace, payload count and status, never a payload.
@@ -30,19 +37,27 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 
 import structlog
 import uvicorn
-from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from temporalio.api.common.v1 import Payloads
+from temporalio.api.common.v1 import Payload
 
 from activities.crypto.codec import AesGcmCodec
-from activities.crypto.keyring import KeyRing, KeyRingError
+from activities.crypto.keyring import KeyRing
+from durable_agents.codec_work import (
+    DEFAULT_DEADLINE_S,
+    DEFAULT_MAX_PAYLOADS,
+    DEFAULT_SLOTS,
+    CodecPool,
+    CodecRefusal,
+    convert_body,
+)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+QUICK_BODY_BYTES = 64 * 1024
 CORS_HEADERS = ["Authorization", "X-Namespace", "Content-Type"]
 log = structlog.get_logger("codec_server")
 
@@ -72,12 +87,17 @@ def build_app(
     token: str = "",
     origins: Sequence[str] = (),
     max_body: int = MAX_BODY_BYTES,
+    max_payloads: int = DEFAULT_MAX_PAYLOADS,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    slots: int = DEFAULT_SLOTS,
 ) -> Starlette:
     """The codec server as an ASGI app (served by :func:`serve`; tests call it directly)."""
     codec = AesGcmCodec(keyring)
+    # Small bodies have threads of their own, so they never wait behind large ones for a slot.
+    quick, large = CodecPool(slots=slots, deadline_s=deadline_s), CodecPool(slots=slots, deadline_s=deadline_s)
     expected = f"Bearer {token}".encode() if token else b""
 
-    def endpoint(name: str, convert: Callable[[Payloads], Awaitable[Payloads]]) -> Callable[..., Awaitable[Response]]:
+    def endpoint(name: str, convert_one: Callable[[Payload], Payload]) -> Callable[..., Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             began = time.perf_counter()
             namespace = request.headers.get("x-namespace", "")[:200]
@@ -94,19 +114,15 @@ def build_app(
                 except BodyTooLarge:
                     status = 413
                     return JSONResponse({"error": f"the body is over {max_body} bytes"}, 413)
-                payloads = Payloads()
                 try:
-                    json_format.Parse(body, payloads)
-                except (json_format.ParseError, UnicodeDecodeError, ValueError):
-                    status = 400
-                    return JSONResponse({"error": 'expected {"payloads": [{"metadata": {...}, "data": ...}]}'}, 400)
-                count = len(payloads.payloads)
-                try:
-                    result = await convert(payloads)
-                except KeyRingError as exc:
-                    status = 400
-                    return JSONResponse({"error": str(exc)}, 400)
-                return Response(json_format.MessageToJson(result), media_type="application/json")
+                    pool = quick if len(body) <= QUICK_BODY_BYTES else large
+                    answer, count = await pool.run(
+                        lambda abandon: convert_body(body, convert_one, max_payloads, abandon)
+                    )
+                except CodecRefusal as refusal:
+                    status, count = refusal.status, refusal.count
+                    return JSONResponse({"error": refusal.message}, refusal.status)
+                return Response(answer, media_type="application/json")
             finally:
                 log.info(
                     "codec_request",
@@ -119,16 +135,10 @@ def build_app(
 
         return handle
 
-    async def encode(payloads: Payloads) -> Payloads:
-        return Payloads(payloads=await codec.encode(payloads.payloads))
-
-    async def decode(payloads: Payloads) -> Payloads:
-        return Payloads(payloads=await codec.decode(payloads.payloads))
-
     return Starlette(
         routes=[
-            Route("/encode", endpoint("/encode", encode), methods=["POST"]),
-            Route("/decode", endpoint("/decode", decode), methods=["POST"]),
+            Route("/encode", endpoint("/encode", codec.encode_one), methods=["POST"]),
+            Route("/decode", endpoint("/decode", codec.decode_one), methods=["POST"]),
         ],
         middleware=[
             Middleware(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -136,3 +140,100 @@ def test_command_line_errors_are_one_line(args: list[str], keys: str | None, exp
     done = starter(*args, keys=keys)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and expected in done.stderr and "Traceback" not in done.stderr
+
+
+class CodecProcess:
+    """``starter.py codec-server --port 0`` as a subprocess (its stderr log lines collected as they come)."""
+
+    def __init__(self, **env: str) -> None:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
+        full.update(PYTHONPATH=str(ROOT), AGENT_PAYLOAD_KEYS=TEST_ONLY_K1, **env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "starter.py"), "codec-server", "--port", "0"],
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("codec server on http://"), line + self.proc.stderr.read()
+        self.url = line.split()[3]
+        self.lines: list[str] = []
+        stderr = self.proc.stderr
+        threading.Thread(target=lambda: self.lines.extend(stderr), daemon=True).start()
+
+    async def wait_for_log(self, text: str) -> None:
+        deadline = time.monotonic() + 120
+        while not any(text in line for line in list(self.lines)):
+            assert self.proc.poll() is None, "the codec server exited"
+            assert time.monotonic() < deadline, f"no log line with {text!r}: {self.lines[-5:]}"
+            await asyncio.sleep(0.02)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def codec_process(request: pytest.FixtureRequest) -> Iterator[CodecProcess]:
+    server = CodecProcess(**request.param)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def empty_payloads(n: int) -> bytes:
+    return json.dumps({"payloads": [{}] * n}).encode()
+
+
+@pytest.mark.parametrize("codec_process", [{"AGENT_CODEC_MAX_PAYLOADS": "100"}], indirect=True)
+async def test_a_request_over_the_payload_cap_is_refused(codec_process: CodecProcess) -> None:
+    async with httpx.AsyncClient(base_url=codec_process.url, timeout=60) as client:
+        over = await client.post("/decode", content=empty_payloads(101), headers={"Content-Type": "application/json"})
+        assert over.status_code == 413
+        assert "101 payloads, over the cap of 100" in over.json()["error"]
+        at = await client.post("/decode", content=empty_payloads(100))
+        assert at.status_code == 200 and len(at.json()["payloads"]) == 100
+
+
+async def test_the_default_payload_cap_refuses_the_review_request() -> None:
+    """The review's 1.3 million empty payloads (3.9 MB, under the body cap) are refused, not decoded."""
+    async with client_for(TEST_ONLY_K1) as codec:
+        answer = await codec.post("/decode", content=empty_payloads(1_300_000))
+        assert answer.status_code == 413 and "over the cap of 10000" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "codec_process",
+    [{"AGENT_CODEC_MAX_PAYLOADS": "400000", "AGENT_CODEC_DEADLINE_S": "600", "AGENT_LOG_LEVEL": "DEBUG"}],
+    indirect=True,
+)
+async def test_a_small_request_is_answered_while_a_maximal_one_decodes(codec_process: CodecProcess) -> None:
+    done: list[str] = []
+    async with httpx.AsyncClient(base_url=codec_process.url, timeout=600) as client:
+
+        async def post(name: str, n: int) -> httpx.Response:
+            answer = await client.post("/decode", content=empty_payloads(n))
+            done.append(name)
+            return answer
+
+        big = asyncio.create_task(post("maximal", 400_000))
+        await codec_process.wait_for_log('"payloads": 400000')  # its decoding has begun
+        small = await post("small", 1)
+        assert small.status_code == 200 and small.json() == {"payloads": [{}]}
+        maximal = await big
+        assert maximal.status_code == 200 and len(maximal.json()["payloads"]) == 400_000
+    assert done == ["small", "maximal"]
+
+
+@pytest.mark.parametrize(
+    "codec_process", [{"AGENT_CODEC_MAX_PAYLOADS": "400000", "AGENT_CODEC_DEADLINE_S": "0.05"}], indirect=True
+)
+async def test_a_request_past_its_deadline_is_abandoned(codec_process: CodecProcess) -> None:
+    async with httpx.AsyncClient(base_url=codec_process.url, timeout=600) as client:
+        late = await client.post("/decode", content=empty_payloads(400_000))
+        assert late.status_code == 504 and "abandoned" in late.json()["error"]
+        after = await client.post("/decode", json={"payloads": [PLAIN]})
+        assert after.status_code == 200, "the abandoned work gave its thread back"

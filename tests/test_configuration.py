@@ -102,10 +102,11 @@ def test_worker_tuning_defaults_come_from_the_benchmarks_and_variables_override_
 def test_a_shared_store_is_required_only_when_asked() -> None:
     assert Settings.from_env({}).shared_store_problem() == ""
     assert Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "0"}).shared_store_problem() == ""
-    for url in ("/var/lib/agent/store.sqlite3", "sqlite:///var/lib/agent/store.sqlite3", "host=db dbname=agent"):
+    for url in ("/var/lib/agent/store.sqlite3", "sqlite:///var/lib/agent/store.sqlite3"):
         problem = Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "1", "AGENT_STORE_URL": url}).shared_store_problem()
         assert "AGENT_REQUIRE_SHARED_STORE=1" in problem and f"AGENT_STORE_URL={url}" in problem
-    for url in ("postgresql://agent@db/agent_store", "postgres://agent@db/agent_store"):
+    # A libpq conninfo names PostgreSQL as a postgresql:// URL does (issue 21: it used to be a SQLite path).
+    for url in ("postgresql://agent@db/agent_store", "postgres://agent@db/agent_store", "host=db dbname=agent"):
         assert (
             Settings.from_env({"AGENT_REQUIRE_SHARED_STORE": "1", "AGENT_STORE_URL": url}).shared_store_problem() == ""
         )
@@ -118,6 +119,26 @@ def test_store_passwords_are_secrets_wherever_they_are_written() -> None:
         ("host=db user=agent password=pw-conninfo dbname=agents", "pw-conninfo"),
     ):
         assert password in Settings.from_env({"AGENT_STORE_URL": url}).secret_values()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "{tmp}/host=db password=pw-in-a-file-name.sqlite3",
+        "host=db dbname=agents pasword=x password=pw-in-a-file-name",  # a typo: libpq refuses it
+        "sqlite:///{tmp}/password=pw-in-a-file-name",
+    ],
+    ids=["path-with-password", "bad-conninfo", "sqlite-url-with-password"],
+)
+def test_a_sqlite_path_holding_a_password_stops_the_worker_and_creates_no_file(tmp_path: Path, url: str) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_worker_process(tmp_path, AGENT_STORE_URL=url.format(tmp=work))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and "AGENT_STORE_URL looks like PostgreSQL connection settings" in lines[0], done.stderr
+    assert "pw-in-a-file-name" not in done.stderr + done.stdout, "the password is never echoed"
+    assert list(work.iterdir()) == [] and not (ROOT / url).exists(), "no SQLite file was created"
 
 
 def test_bad_files_and_models_stop_the_runtime_at_start(tmp_path: Path) -> None:

@@ -161,6 +161,7 @@ def _endpoint_settings(port: int) -> dict[str, Settings]:
         "the worker's metrics endpoint": replace(base, observability=ObservabilitySettings(metrics_port=port)),
         "the worker's health endpoint": replace(base, worker=WorkerSettings(health_port=port)),
         "the run store (PostgreSQL)": replace(base, store_url=f"postgresql://agent:pw@localhost:{port}/agents"),
+        "the run store (PostgreSQL) ": replace(base, store_url=f"host=localhost port={port} dbname=agents password=pw"),
     }
 
 

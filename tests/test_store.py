@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -274,6 +275,32 @@ def test_cross_process_claim_race_has_one_winner(postgres_db_url: str, tmp_path:
         results.append(json.loads(out))
     assert sorted(r["status"] for r in results) == ["busy", "fresh"]
     assert results[0]["owner"] == results[1]["owner"]
+
+
+async def test_a_conninfo_store_url_opens_postgresql(
+    postgres_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``host=... dbname=... user=... password=...`` opens PostgreSQL (issue 21: it was a SQLite file name)."""
+    monkeypatch.chdir(tmp_path)
+    params = psycopg.conninfo.conninfo_to_dict(postgres_db_url)
+    params["password"] = "pw-conninfo-not-a-file-name"  # the embedded server trusts its socket; libpq sends it
+    url = psycopg.conninfo.make_conninfo("", **params)
+    assert "://" not in url and "password=" in url
+    store = open_store(url)
+    try:
+        assert isinstance(store, PostgresRunStore)
+        await store.put_message("conv", 0, msg("over conninfo"))
+        got = await store.get_message("conv", 0)
+        assert got is not None and got.message.content == "over conninfo"
+    finally:
+        await store.close()
+    shared = open_store(postgres_db_url)  # the same database through a URL: one store, not a file per worker
+    try:
+        again = await shared.get_message("conv", 0)
+        assert again is not None and again.message.content == "over conninfo"
+    finally:
+        await shared.close()
+    assert os.listdir(tmp_path) == [], "no SQLite file was created"
 
 
 async def test_migrations_are_idempotent_and_race_free(postgres_db_url: str) -> None:

@@ -165,6 +165,8 @@ class AgentWorkflow:
             children_usage=self._children_usage,
             conversation_id=self._carry.conversation_id if self._carry else "",
             checkpoint=self._carry.checkpoint if self._carry else "",
+            cost_tracked=self._carry.cost_tracked if self._carry else True,
+            notes=self._start_notes,
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -449,6 +451,9 @@ class AgentWorkflow:
                     subagents=inp.subagents,
                     subagents_ref=inp.subagents_ref,
                     as_subagent=inp.as_subagent,
+                    explicit_cost_cap=inp.budget is None
+                    and "max_cost_usd" in inp.limits.model_fields_set
+                    and inp.limits.max_cost_usd > 0,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
@@ -456,8 +461,9 @@ class AgentWorkflow:
                     maximum_attempts=3, non_retryable_error_types=["InvalidInput", "InvalidPolicy"]
                 ),
             )
-        except ActivityError as err:
-            raise _invalid_input(safe(cause_text(err), MESSAGE_MAX)) from None
+        except (ActivityError, ApplicationError) as err:  # a local activity's failure arrives unwrapped
+            problem = err.message if isinstance(err, ApplicationError) else cause_text(err)
+            raise _invalid_input(safe(problem, MESSAGE_MAX)) from None
         opening = [
             Message(role="system", content=inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT),
             Message(role="user", content=inp.task),
@@ -481,6 +487,7 @@ class AgentWorkflow:
             shared_sandbox=inp.parent_conversation,
             mcp_snapshot=config.mcp_snapshot,
             mcp_per_run=config.mcp_per_run,
+            cost_tracked=config.cost_tracked,
             budget=inp.budget
             or (
                 TreeBudget(

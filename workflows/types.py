@@ -11,7 +11,15 @@ import base64
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
@@ -59,6 +67,13 @@ class Limits(KnownKeys):  # a misspelled limit must not run with the default
     max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
     timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)
     max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # of sub-agent delegation (0: none)
+
+    # Only the limits a caller set are serialized, so the workflow can tell an explicit cap from the default
+    # (``model_fields_set``): an explicit max_cost_usd with a model that has no price is refused at start.
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {name: value for name, value in data.items() if name in self.model_fields_set}
 
 
 SubagentName = Annotated[str, Field(pattern=SUBAGENT_NAME_PATTERN)]
@@ -171,6 +186,7 @@ class Carry(BaseModel):
     # Digest of the run's sub-agent definitions in the run store; ``subagents`` then holds only what the
     # workflow needs of them (no system prompt, model or tools: the child resolves those from the digest).
     subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
+    cost_tracked: bool = True  # RunConfig.cost_tracked, shown by ``status`` after continue-as-new too
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -365,6 +381,8 @@ class StatusView(BaseModel):
     children_usage: Usage = Field(default_factory=Usage)  # what its child runs spent
     conversation_id: str = ""  # where its transcript is in the run store (a fork starts from it)
     checkpoint: str = ""  # the workspace checkpoint its sandbox is expected to hold
+    cost_tracked: bool = True  # False: the model has no price, so max_cost_usd is not enforced
+    notes: list[str] = Field(default_factory=list)  # what the run started without ("cost not tracked: ...")
 
 
 # --- transcript -----------------------------------------------------------------
@@ -403,6 +421,8 @@ class RunConfigRequest(BaseModel):
     subagents: dict[str, SubagentDef] | list[str] | None = None
     subagents_ref: str = ""  # a sub-agent's: the definitions by digest (instead of ``subagents``)
     as_subagent: str = ""  # ... and which of them it is (its model, tools and system prompt)
+    # The run's input set limits.max_cost_usd (> 0) itself: an unpriced model is then refused (AGENT_ALLOW_UNPRICED).
+    explicit_cost_cap: bool = False
 
 
 class RunConfig(BaseModel):
@@ -422,6 +442,7 @@ class RunConfig(BaseModel):
     system_prompt: str = ""  # a sub-agent's own (``as_subagent``), from the definitions
     max_subagent_calls: int = 0  # AGENT_MAX_SUBAGENT_CALLS_PER_TURN (0: any number)
     max_depth: int = MAX_DEPTH  # AGENT_MAX_DEPTH
+    cost_tracked: bool = True  # False: the model has no price (its turns cost $0; max_cost_usd cannot stop it)
 
 
 class ModelRequest(BaseModel):

@@ -79,7 +79,7 @@ class McpActivities:
                 raise ApplicationError(clip(str(exc), 500, settings.secret_values()), type="McpCallLost") from None
             except MCPError as exc:
                 raise ToolError(f"MCP server {target.server!r} refused the call: {exc.error.message}") from None
-            text = await result_text(result, self._rt.store.put_blob, server.max_result_chars)
+            text = await result_text(result, self._rt.store.put_blob, server.max_result_chars, settings.secret_values())
             if result.is_error:
                 raise ToolError(f"{target.server}.{target.tool} failed: {text}" if text else "the tool failed")
             return text

@@ -1,8 +1,10 @@
 """An MCP ``CallToolResult`` as the text the model reads.
 
-Text content goes to the model as it is. Images, audio and binary resources are stored in the run
-store (content-addressed) and the model gets a one-line description naming the blob. Text beyond the
-server's ``max_result_chars`` is cut for the model and stored whole as a blob.
+Text content goes to the model as it is, redacted of configured secrets as one text: a secret split over
+two items is redacted in both (:func:`~activities.redaction.redact_parts`), before anything is stored.
+Images, audio and binary resources are stored in the run store (content-addressed) and the model gets a
+one-line description naming the blob. Text beyond the server's ``max_result_chars`` is cut for the model
+and stored whole (redacted) as a blob.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from mcp.types import (
     AudioContent,
@@ -23,14 +25,16 @@ from mcp.types import (
     TextResourceContents,
 )
 
+from activities.redaction import redact_parts
+
 MAX_BINARY_BYTES = 16 * 1024 * 1024  # one decoded image/audio/blob resource
 MAX_STRUCTURED_CHARS = 200_000
 
 PutBlob = Callable[[bytes], Awaitable[str]]
 
 
-async def result_text(result: CallToolResult, put_blob: PutBlob, max_chars: int) -> str:
-    """The model's view of ``result`` (``is_error`` is the caller's to act on)."""
+async def result_text(result: CallToolResult, put_blob: PutBlob, max_chars: int, secrets: Iterable[str] = ()) -> str:
+    """The model's view of ``result`` (``is_error`` is the caller's to act on), ``secrets`` redacted."""
     parts: list[str] = []
     for item in result.content:
         if isinstance(item, TextContent):
@@ -54,7 +58,7 @@ async def result_text(result: CallToolResult, put_blob: PutBlob, max_chars: int)
             parts.append(f"[{getattr(item, 'type', type(item).__name__)} content, not shown]")
     if not parts and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False)[:MAX_STRUCTURED_CHARS])
-    text = "\n".join(parts)
+    text = "\n".join(redact_parts(parts, secrets))
     if len(text) <= max_chars:
         return text
     digest = await put_blob(text.encode())

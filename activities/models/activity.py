@@ -89,6 +89,14 @@ class ModelActivities:
             self._rt.providers.registry.check_model(model)
         except FatalProviderError as exc:
             raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
+        unpriced = self._rt.prices.unpriced_note(model)
+        if unpriced and req.explicit_cost_cap and not self._rt.settings.allow_unpriced:
+            raise ApplicationError(
+                f"limits.max_cost_usd: model {model} has no price, so the cap could never stop the run: add it to "
+                "AGENT_PRICES, drop max_cost_usd, or let the operator set AGENT_ALLOW_UNPRICED=1",
+                type="InvalidInput",
+                non_retryable=True,
+            )
         known = self._rt.tools.names()
         wanted = req.tools if req.tools is not None or own is None else own.tools
         requested = None if wanted is None else list(dict.fromkeys(wanted))
@@ -123,9 +131,10 @@ class ModelActivities:
             search_attributes=self._rt.search_attributes_ready,
             mcp_snapshot=mcp.digest,
             mcp_per_run=mcp.per_run,
-            notes=mcp.notes,
             max_subagent_calls=settings.max_subagent_calls_per_turn,
             max_depth=settings.max_depth,
+            notes=[unpriced, *mcp.notes] if unpriced else mcp.notes,
+            cost_tracked=not unpriced,
         )
 
     async def _own_definition(

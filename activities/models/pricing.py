@@ -4,7 +4,11 @@
 whose entries replace or extend the built-in table. It is loaded and validated
 once, at worker start (:meth:`PriceTable.load`), so a bad file stops the worker
 instead of failing model turns that were already paid for. A model missing from
-the table costs 0 and the run's ``max_cost_usd`` then only counts priced models.
+the table costs 0, so ``max_cost_usd`` cannot stop it: the worker warns at start for
+its default model, a run of an unpriced model says "cost not tracked" in ``started``
+and ``status``, and a run that sets ``max_cost_usd`` itself with one is refused unless
+``AGENT_ALLOW_UNPRICED=1``. ``scripted:`` models are offline scripts: priced at $0 on
+purpose (:meth:`PriceTable.priced`).
 """
 
 from __future__ import annotations
@@ -59,6 +63,16 @@ class PriceTable:
 
     def get(self, model: str) -> Price | None:
         return self._prices.get(model)
+
+    def priced(self, model: str) -> bool:
+        """Whether ``model``'s turns are costed: it is in the table, or an offline ``scripted:`` model ($0)."""
+        return model in self._prices or model.startswith("scripted:")
+
+    def unpriced_note(self, model: str) -> str:
+        """One line saying why a run of ``model`` has no cost figures, or ``""`` when it is priced."""
+        if self.priced(model):
+            return ""
+        return f"cost not tracked: model {model} has no price, so max_cost_usd is not enforced; set AGENT_PRICES"
 
     def cost_usd(self, model: str, input_tokens: int, output_tokens: int) -> float:
         price = self._prices.get(model)

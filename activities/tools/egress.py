@@ -45,6 +45,7 @@ import httpcore
 import httpx
 
 from activities.settings import Settings
+from activities.store_urls import conninfo
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 PORTLESS_PORTS = frozenset({80, 443})  # what an allow-list entry without a port opens
@@ -288,6 +289,21 @@ def _host_port(address: str, default_port: int) -> tuple[str, int] | None:
         return None
 
 
+def _conninfo_endpoints(params: dict[str, str]) -> list[tuple[str, int]]:
+    ports = [p.strip() for p in params.get("port", "").split(",")]
+    pairs = []
+    for key in ("host", "hostaddr"):
+        for i, host in enumerate(h.strip() for h in params.get(key, "").split(",")):
+            if not host or host.startswith("/"):  # a directory is a Unix socket, not reachable over HTTP
+                continue
+            port = ports[i] if i < len(ports) and ports[i].isdigit() else ports[0]
+            try:
+                pairs.append((canonical_host(host), int(port) if port.isdigit() else POSTGRES_PORT))
+            except ValueError:
+                continue
+    return pairs or [("localhost", POSTGRES_PORT)]
+
+
 def protected_endpoints(settings: Settings) -> list[Protected]:
     """Every endpoint of the worker's own infrastructure, from its settings."""
     found: list[Protected] = []
@@ -315,7 +331,11 @@ def protected_endpoints(settings: Settings) -> list[Protected]:
 
 
 def postgres_endpoints(store_url: str) -> list[tuple[str, int]]:
-    """The ``(host, port)`` pairs of a ``postgresql://`` store URL (several hosts, ``?host=``/``?port=`` too)."""
+    """The ``(host, port)`` pairs of a ``postgresql://`` store URL (several hosts, ``?host=``/``?port=`` too) or of
+    a conninfo store URL (``host=``, ``hostaddr=``, ``port=``)."""
+    params = conninfo(store_url)
+    if params is not None:
+        return _conninfo_endpoints(params)
     if not store_url.startswith(("postgresql://", "postgres://")):
         return []
     rest = store_url.split("://", 1)[1]

@@ -43,7 +43,13 @@ async def cmd_codec_server(args: argparse.Namespace, settings: Settings) -> int:
         )
     logs.configure(settings.observability.log_level, secrets=settings.secret_values())
     token = enc.codec_token.get_secret_value() if enc.codec_token is not None else ""
-    app = build_app(enc.keyring, token=token, origins=enc.codec_origins)
+    app = build_app(
+        enc.keyring,
+        token=token,
+        origins=enc.codec_origins,
+        max_payloads=enc.codec_max_payloads,
+        deadline_s=enc.codec_deadline_s,
+    )
     try:
         sock = bind(args.host, args.port)
     except OSError as exc:
@@ -53,7 +59,8 @@ async def cmd_codec_server(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"codec server on http://{shown}:{port} (keys {', '.join(enc.keyring.ids)}; encrypts with "
         f"{enc.keyring.primary}; token {'required' if token else 'not required'}; "
-        f"CORS origins {', '.join(enc.codec_origins) or 'none'}; bodies up to {MAX_BODY_BYTES} bytes)",
+        f"CORS origins {', '.join(enc.codec_origins) or 'none'}; bodies up to {MAX_BODY_BYTES} bytes and "
+        f"{enc.codec_max_payloads} payloads; deadline {enc.codec_deadline_s:g} s)",
         flush=True,
     )
     await serve(app, sock)

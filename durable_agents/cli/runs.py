@@ -171,9 +171,12 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
             print(f"{key:>18}: {len(value) or 'none'}")
             for approval in value:
                 print(f"{'':>20}{approval_summary(PendingApproval.model_validate(approval))}")
-        elif key == "refused":
-            for index, message in enumerate(value[-5:]):
+        elif key in ("refused", "notes"):
+            for index, message in enumerate(value[-5:] if key == "refused" else value):
                 print(f"{key if index == 0 else '':>18}{':' if index == 0 else ' '} {message}")
+        elif key == "cost_tracked":
+            if not value:
+                print(f"{'cost':>18}: not tracked (the model has no price): set AGENT_PRICES")
         else:
             print(f"{key:>18}: {value}")
 
