@@ -14,7 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("workflows", "activities", "durable_agents", "examples", "scripts")
 ENTRY_POINTS = ("worker.py", "starter.py")
-WORKFLOW_ALLOWED = {"temporalio", "pydantic", "workflows"}
+# pydantic_core is pydantic's own engine (its error types); re2 (google-re2) is the one exception beyond:
+# a deterministic C extension, passed through the workflow sandbox, so that policy patterns match in
+# linear time (workflows/patterns.py).
+WORKFLOW_ALLOWED = {"temporalio", "pydantic", "pydantic_core", "re2", "workflows"}
 SETTINGS_MODULE = "activities.settings"
 
 
