@@ -207,7 +207,7 @@ async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_appr
 def logged_refusals(records: Sequence[logging.LogRecord]) -> int:
     """How many refusals the run's log lines account for (one each, or the count of a summary line)."""
     summed = [r for r in records if " more signals or decisions in this workflow task" in r.getMessage()]
-    return len(records) - len(summed) + sum(int(r.args[0]) for r in summed if isinstance(r.args, tuple))
+    return len(records) - len(summed) + sum(int(str(r.args[0])) for r in summed if isinstance(r.args, tuple))
 
 
 class SlowLog(logging.Handler):
