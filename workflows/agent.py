@@ -136,6 +136,7 @@ class AgentWorkflow:
         self._run_policy: Policy | None = None
         # Sub-agents: the children started (only they may report approvals) and what each waits for.
         self._child_ids: set[str] = set()
+        self._live_children: set[str] = set()  # started and not ended (``status.subagents``)
         self._child_pending: dict[str, tuple[int, list[PendingApproval]]] = {}
         self._reported: list[tuple[str, str]] = []  # what this run last told its own parent
         self._report_seq = 0
@@ -164,6 +165,7 @@ class AgentWorkflow:
             children_usage=self._children_usage,
             conversation_id=self._carry.conversation_id if self._carry else "",
             checkpoint=self._carry.checkpoint if self._carry else "",
+            subagents=sorted(self._live_children),
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -204,29 +206,59 @@ class AgentWorkflow:
     @workflow.signal(name="child_approvals")
     @one_payload
     def child_approvals(self, raw: ChildApprovalsInput = NO_PAYLOAD, *extra: Any) -> None:
+        """A sub-agent says what waits in its part of the tree: a hint for people, never a decision's basis.
+
+        A signal names no sender, so anyone may send this one, naming any live child (child ids
+        are predictable). Nothing here is trusted for a decision: ``approve`` / ``reject`` ask
+        the run that owns an approval for its own entry (``durable_agents.cli.owners``), and
+        ``pending`` asks every run of the tree (the sub-agents a run started are in its status,
+        ``subagents``, from its own state). What this run keeps is bounded and shown as relayed:
+
+        - a report naming any run outside the child's own subtree is refused and counted
+          (``foreign_approval``): a genuine child never reports one;
+        - the newest report to arrive wins. ``seq`` is not trusted to order them: a forged
+          ``seq`` of 10**9 used to make the parent drop every later genuine report; now a
+          forged report stands only until the child's next one.
+
+        Asking the children from here instead (a doorbell signal, then an activity querying
+        the child) would add commands to every parent's history for a view the readers that
+        act on it can get themselves, and could still not prove who rang.
+        """
         report = decode(raw, ChildApprovalsSignal, extra)
         if isinstance(report, str):
             self._refuse("malformed", f"refused child_approvals signal: {report}")
             return
-        if report.child_id not in self._child_ids:
-            self._refuse("unknown_child", f"refused child_approvals signal: {quote(report.child_id)} is no child")
+        child_id = report.child_id
+        if child_id not in self._child_ids:
+            self._refuse("unknown_child", f"refused child_approvals signal: {quote(child_id)} is no child")
             return
-        seen = self._child_pending.get(report.child_id)
-        if seen is not None and seen[0] >= report.seq:
-            return  # an older list arrived after a newer one
-        approvals = [a.model_copy(update={"workflow_id": a.workflow_id or report.child_id}) for a in report.approvals]
-        self._child_pending[report.child_id] = (report.seq, approvals)
-        self._emit("approval_requested", f"sub-agent {report.child_id} waits for {len(approvals)} approval(s)")
+        if child_id not in self._live_children:
+            return  # it ended: nothing of it waits any more (a last report may arrive after the end)
+        owners = [a.workflow_id or child_id for a in report.approvals]
+        foreign = [o for o in owners if o != child_id and not o.startswith(f"{child_id}/")]
+        if foreign:
+            self._refuse(
+                "foreign_approval",
+                f"refused child_approvals signal from {quote(child_id)}: {len(foreign)} of its "
+                f"{len(owners)} approvals name runs outside its subtree, e.g. {quote(foreign[0])}",
+            )
+            return
+        approvals = [a.model_copy(update={"workflow_id": o}) for a, o in zip(report.approvals, owners, strict=True)]
+        self._child_pending[child_id] = (report.seq, approvals)
+        self._emit("approval_requested", f"sub-agent {child_id} reports {len(approvals)} waiting approval(s)")
 
     def _child_started(self, child_id: str) -> None:
         self._child_ids.add(child_id)
+        self._live_children.add(child_id)
 
     def _child_ended(self, child_id: str) -> None:
+        self._live_children.discard(child_id)
         if self._child_pending.pop(child_id, None) is not None:
             self._emit("approval_decided", f"sub-agent {child_id} ended; nothing of it waits any more")
 
     def _pending_in_tree(self) -> list[PendingApproval]:
-        """This run's pending approvals, then its sub-agents' (each naming the run that waits for it)."""
+        """This run's pending approvals (its own book: ``workflow_id`` empty), then what its sub-agents
+        reported (each naming the run that waits for it: relayed, to be checked with that run)."""
         found = self._book.views()
         theirs = [a for child_id in sorted(self._child_pending) for a in self._child_pending[child_id][1]]
         return found + theirs[:MAX_CHILD_APPROVALS]

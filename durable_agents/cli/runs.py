@@ -170,7 +170,8 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
         if key == "pending_approvals":
             print(f"{key:>18}: {len(value) or 'none'}")
             for approval in value:
-                print(f"{'':>20}{approval_summary(PendingApproval.model_validate(approval))}")
+                for line in approval_summary(PendingApproval.model_validate(approval)):
+                    print(f"{'':>20}{line}")
         elif key == "refused":
             for index, message in enumerate(value[-5:]):
                 print(f"{key if index == 0 else '':>18}{':' if index == 0 else ' '} {message}")
