@@ -162,8 +162,8 @@ class EventPrinter:
         )
         if self._console is None:
             print(f"{self.indent}{clock(event.at)} [step {event.step}] {event.kind}: {describe(event)}", file=self.file)
-            for line in call or []:
-                print(f"{self.indent}    {line}", file=self.file)
+            for call_line in call or []:
+                print(f"{self.indent}    {call_line}", file=self.file)
             for command in commands:
                 print(f"{self.indent}    {command}", file=self.file)
             self.file.flush()
