@@ -194,7 +194,7 @@ def approval_summary(approval: PendingApproval) -> list[str]:
         f"{approval.approval_id}  rule={approval.rule or '-'}  by={who_decides(approval)}  "
         f"left={time_left(approval.expires_at)}{relayed}"
     )
-    return [head, *call_lines(approval.tool, approval.args)]
+    return [head, *(f"  {line}" for line in call_lines(approval.tool, approval.args))]
 
 
 def deciding(decision: str, owned: Owned) -> str:
@@ -205,7 +205,7 @@ def deciding(decision: str, owned: Owned) -> str:
         [
             f"{decision} {approval.approval_id} of run {owned.workflow_id}{via}, step {approval.step}, "
             f"rule {approval.rule or '-'}, expires {approval.expires_at}:",
-            *call_lines(approval.tool, approval.args, indent="    "),
+            *(f"    {line}" for line in call_lines(approval.tool, approval.args)),
         ]
     )
 
@@ -223,7 +223,7 @@ def _lines(row: dict[str, Any]) -> list[str]:
     who = ", ".join(row["reviewers"]) or "anyone"
     via = f"  (sub-agent of {row['via']})" if "via" in row else ""
     head = f"{row['workflow_id']}  {row['approval_id']}  rule={row['rule'] or '-'}  by={who}  left={row['time_left']}"
-    return [head + via, *call_lines(row["tool"], row["args"], indent="    ")]
+    return [head + via, *(f"    {line}" for line in call_lines(row["tool"], row["args"]))]
 
 
 def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[str, str, str]:
