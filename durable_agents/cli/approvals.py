@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -39,6 +38,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
+from durable_agents.cli.approval_text import deciding, pending_lines, pending_row
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUICK_QUERY_TIMEOUT,
@@ -60,7 +60,7 @@ from durable_agents.cli.common import (
 )
 from durable_agents.cli.owners import Owned, owned, tree, unconfirmed
 from workflows.agent import AgentWorkflow
-from workflows.call_view import args_digest, call_head, call_lines
+from workflows.call_view import call_head
 from workflows.identity import decision_signature
 from workflows.policy import parse_run_policy
 from workflows.progress import PENDING_APPROVALS
@@ -156,86 +156,6 @@ def load_run_policy(path: str | None) -> dict[str, Any]:
         where = ".".join(str(part) for part in first["loc"]) or "policy"
         raise CliError(f"--policy {path}: {where}: {first['msg']}", code=EXIT_USAGE) from None
     return raw
-
-
-# --- presentation --------------------------------------------------------------------
-
-
-def time_left(expires_at: str, now: datetime | None = None) -> str:
-    """``23h59m``, ``4m10s``, ``2d03h`` or ``expired``."""
-    try:
-        expiry = datetime.fromisoformat(expires_at)
-    except ValueError:
-        return "?"
-    if expiry.tzinfo is None:
-        expiry = expiry.replace(tzinfo=UTC)
-    seconds = int((expiry - (now or datetime.now(UTC))).total_seconds())
-    if seconds <= 0:
-        return "expired"
-    hours, rest = divmod(seconds, 3600)
-    if hours >= 48:
-        return f"{hours // 24}d{hours % 24:02d}h"
-    if hours:
-        return f"{hours}h{rest // 60:02d}m"
-    return f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
-
-
-def who_decides(approval: PendingApproval) -> str:
-    return ", ".join(approval.reviewers) or "anyone"
-
-
-def approval_summary(approval: PendingApproval) -> list[str]:
-    """For ``status``: id, rule, who may decide, time left; then the call (``workflows.call_view``).
-
-    An entry a sub-agent reported says so: ``pending`` and ``approve`` show that run's own entry.
-    """
-    relayed = f"  reported by sub-agent run {approval.workflow_id} (unverified)" if approval.workflow_id else ""
-    head = (
-        f"{approval.approval_id}  rule={approval.rule or '-'}  by={who_decides(approval)}  "
-        f"left={time_left(approval.expires_at)}{relayed}"
-    )
-    return [head, *(f"  {line}" for line in call_lines(approval.tool, approval.args))]
-
-
-def deciding(decision: str, owned: Owned) -> str:
-    """What ``approve`` / ``reject`` print before they sign: the whole call, as its own run lists it."""
-    approval = owned.approval
-    via = f" (a sub-agent of {owned.via})" if owned.via else ""
-    return "\n".join(
-        [
-            f"{decision} {approval.approval_id} of run {owned.workflow_id}{via}, step {approval.step}, "
-            f"rule {approval.rule or '-'}, expires {approval.expires_at}:",
-            *(f"    {line}" for line in call_lines(approval.tool, approval.args)),
-        ]
-    )
-
-
-def _row(owned: Owned) -> dict[str, Any]:
-    """One pending approval, as its own run lists it; a sub-agent's names the run it was found under."""
-    row = {**owned.approval.model_dump(), "workflow_id": owned.workflow_id}
-    if owned.via:
-        row["via"] = owned.via
-    return {**row, "time_left": time_left(owned.approval.expires_at), "args_sha256": args_digest(owned.approval.args)}
-
-
-def _lines(row: dict[str, Any]) -> list[str]:
-    """A run's approval for ``pending``: run, id, rule, who, time left; then the call, indented."""
-    who = ", ".join(row["reviewers"]) or "anyone"
-    via = f"  (sub-agent of {row['via']})" if "via" in row else ""
-    head = f"{row['workflow_id']}  {row['approval_id']}  rule={row['rule'] or '-'}  by={who}  left={row['time_left']}"
-    return [head + via, *(f"    {line}" for line in call_lines(row["tool"], row["args"]))]
-
-
-def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[str, str, str]:
-    """Shell commands deciding ``approval_id``: the starter's approve (signed when so configured),
-    Temporal's approve signal, and the starter's reject (its reason left to fill in)."""
-    run, who = shlex.quote(workflow_id), shlex.quote(reviewer)
-    signal_input = shlex.quote(json.dumps({"approval_id": approval_id, "reviewer": reviewer}))
-    return (
-        f"python starter.py approve {run} {approval_id} --reviewer {who}",
-        f"temporal workflow signal --workflow-id {run} --name approve --input {signal_input}",
-        f"python starter.py reject {run} {approval_id} --reviewer {who} --reason '...'",
-    )
 
 
 # --- reading a run -------------------------------------------------------------------
@@ -359,7 +279,7 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
             found.setdefault(key, entry)
         for warning in unconfirmed(runs, mine):
             print(warning, file=sys.stderr)
-    rows = [_row(entry) for entry in found.values()]
+    rows = [pending_row(entry) for entry in found.values()]
     more_line = (
         f"... and {more} more run(s) waiting for approvals (--limit {args.limit + more} shows them all)" if more else ""
     )
@@ -369,7 +289,7 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
             print(more_line, file=sys.stderr)  # stdout stays JSON
         return 0
     for row in rows:
-        print("\n".join(_lines(row)))
+        print("\n".join(pending_lines(row)))
     if more_line:
         print(more_line)
     if rows or more_line:

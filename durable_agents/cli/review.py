@@ -14,14 +14,8 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from durable_agents.cli.approvals import (
-    Decision,
-    decide_commands,
-    running_view,
-    send_decision,
-    time_left,
-    who_decides,
-)
+from durable_agents.cli.approval_text import decide_commands, time_left, who_decides
+from durable_agents.cli.approvals import Decision, running_view, send_decision
 from durable_agents.cli.common import QUERY_TIMEOUT, CliError
 from durable_agents.cli.owners import owned, tree
 from workflows.call_view import call_lines

@@ -26,7 +26,8 @@ from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import QUERY_CONCURRENCY, approval_summary
+from durable_agents.cli.approval_text import approval_summary
+from durable_agents.cli.approvals import QUERY_CONCURRENCY
 from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,

@@ -37,7 +37,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import decide_commands
+from durable_agents.cli.approval_text import decide_commands
 from durable_agents.cli.common import (
     PROBE_TIMEOUT,
     CliError,
