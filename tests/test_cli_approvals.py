@@ -280,8 +280,11 @@ def test_signal_approval_from_temporal_cli_runs_the_post_once(unsigned: Setup) -
 
     everything = unsigned.cli.starter("pending")  # every running run that waits
     assert everything.returncode == 0, everything.stderr
-    [line] = [ln for ln in everything.stdout.splitlines() if workflow_id in ln]
-    assert row["approval_id"] in line and "http_request" in line and '"method":"POST"' in line and "by=anyone" in line
+    shown = everything.stdout.splitlines()
+    [at] = [i for i, ln in enumerate(shown) if workflow_id in ln]
+    assert row["approval_id"] in shown[at] and "by=anyone" in shown[at]
+    assert shown[at + 1] == f"    http_request POST {unsigned.dest.url}{path}"  # the call, then its body's digest
+    assert shown[at + 2].startswith("      json body (canonical JSON): 20 bytes, sha256 ")
 
     signal_input = json.dumps({"approval_id": row["approval_id"], "reviewer": "alice"})
     sent = unsigned.cli.temporal(
@@ -304,10 +307,10 @@ def test_reject_without_approval_id_tells_the_model(unsigned: Setup) -> None:
 
     rejected = unsigned.cli.starter("reject", workflow_id, "--reviewer", "bob", "--reason", "too risky")
     assert rejected.returncode == 0, rejected.stderr
-    assert rejected.stdout.strip() == (
-        f"rejected {row['approval_id']} (http_request POST 127.0.0.1:{unsigned.dest.url.rsplit(':', 1)[1]}{path}) "
-        "as bob: too risky"
-    )
+    *deciding, verdict = rejected.stdout.strip().splitlines()
+    assert deciding[0].startswith(f"reject {row['approval_id']} of run {workflow_id}, step 1")
+    assert deciding[1] == f"    http_request POST {unsigned.dest.url}{path}"
+    assert verdict == f"rejected {row['approval_id']} (http_request POST {unsigned.dest.url}{path}) as bob: too risky"
 
     assert _completed(unsigned, workflow_id)["state"] == "completed"
     assert unsigned.dest.posts(path) == []
@@ -340,7 +343,8 @@ def test_refused_decisions_through_the_update(unsigned: Setup) -> None:
     _one_line_error(which, 1, "2 pending approvals", first, second)
 
     assert status_text.returncode == 0, status_text.stderr
-    assert "pending_approvals: 2" in status_text.stdout and f"{first}  http_request POST" in status_text.stdout
+    assert "pending_approvals: 2" in status_text.stdout and f"{first}  rule=" in status_text.stdout
+    assert f"http_request POST {unsigned.dest.url}{path_a}\n" in status_text.stdout
     assert "by=alice" in status_text.stdout and "left=23h59m" in status_text.stdout
 
     _one_line_error(mallory, 1, "error: refused:", "not an approver")
@@ -349,13 +353,15 @@ def test_refused_decisions_through_the_update(unsigned: Setup) -> None:
 
     approved = unsigned.cli.starter("approve", workflow_id, first, "--reviewer", "alice", "--comment", "ok")
     assert approved.returncode == 0, approved.stderr
-    assert approved.stdout.startswith(f"approved {first} (http_request POST 127.0.0.1:")
-    assert f"{path_a}) as alice" in approved.stdout
+    assert (
+        approved.stdout.splitlines()[-1]
+        == f"approved {first} (http_request POST {unsigned.dest.url}{path_a}) as alice: ok"
+    )
     again = unsigned.cli.starter("approve", workflow_id, first, "--reviewer", "alice")  # the run still waits for b
     _one_line_error(again, 1, "error: refused:", "already decided")
 
     rejected = unsigned.cli.starter("reject", workflow_id, "--reviewer", "alice", "--reason", "one is enough")
-    assert rejected.returncode == 0 and rejected.stdout.startswith(f"rejected {second} "), rejected.stderr
+    assert rejected.returncode == 0 and rejected.stdout.splitlines()[-1].startswith(f"rejected {second} ")
     assert _completed(unsigned, workflow_id)["state"] == "completed"
     assert len(unsigned.dest.posts(path_a)) == 1 and unsigned.dest.posts(path_b) == []
 
@@ -391,7 +397,7 @@ def test_signed_decisions(signed: Setup) -> None:
     right_key = {**signed.cli.env, "AGENT_APPROVAL_KEY": APPROVAL_KEY}
     approved = signed.cli.starter("approve", workflow_id, "--reviewer", "alice", env=right_key)
     assert approved.returncode == 0, approved.stderr
-    assert approved.stdout.startswith(f"approved {approval_id} ")
+    assert approved.stdout.splitlines()[-1].startswith(f"approved {approval_id} ")
     assert _completed(signed, workflow_id)["state"] == "completed"
     assert len(signed.dest.posts(path)) == 1
 
@@ -477,7 +483,7 @@ def test_follow_on_a_terminal_asks(unsigned: Setup) -> None:
 
     try:
         expect(b"approve? [y/n/c=comment] ")
-        assert b'"method": "POST"' in screen and b"rule: default:side-effect" in screen
+        assert b"http_request POST http://127.0.0.1:" in screen and b"rule: default:side-effect" in screen
         os.write(controller, b"c\n")
         expect(b"comment: ")
         os.write(controller, b"looks right\n")

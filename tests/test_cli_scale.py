@@ -179,7 +179,7 @@ async def test_pending_and_list_through_the_search_attributes(
 
             code, out, err, calls = await starter(client, settings, capsys, "pending", "--limit", "5")
             assert code == 0, err
-            lines = out.splitlines()
+            lines = [line for line in out.splitlines() if not line.startswith(" ")]  # not the calls' lines
             assert len(lines) == 6 and {line.split()[0] for line in lines[:5]} <= waiting, out
             assert lines[5] == "... and 7 more run(s) waiting for approvals (--limit 12 shows them all)", out
             assert calls["list_workflow_executions"] == 1 and calls["query_workflow"] == 5, calls

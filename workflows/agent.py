@@ -80,6 +80,8 @@ else:
 # of junk signals cannot push a run's own events out of the stream.
 REFUSAL_EVENTS = 20
 REFUSAL_EVENT_EVERY = 100
+# Refusals logged one line each per activation; the rest of a flood is summed up in one line.
+REFUSAL_LOG_LINES = 10
 
 MODEL_TIMEOUT = timedelta(seconds=180)
 MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
@@ -127,6 +129,7 @@ class AgentWorkflow:
         self._last_event = "starting"
         # Refusals are counted from the first activation on (signals are handled before ``run``
         # starts), and carried across continue-as-new.
+        self._refusal_burst: dict[str, int] | None = None  # this activation's refusals ("": logged lines)
         self._book = ApprovalBook(
             approvers=self._input.approvers if self._input else [],
             signing_required=carry.signing_required if carry else False,  # a fresh run learns it in ``run``
@@ -137,6 +140,7 @@ class AgentWorkflow:
         self._run_policy: Policy | None = None
         # Sub-agents: the children started (only they may report approvals) and what each waits for.
         self._child_ids: set[str] = set()
+        self._live_children: set[str] = set()  # started and not ended (``status.subagents``)
         self._child_pending: dict[str, tuple[int, list[PendingApproval]]] = {}
         self._reported: list[tuple[str, str]] = []  # what this run last told its own parent
         self._report_seq = 0
@@ -167,6 +171,7 @@ class AgentWorkflow:
             checkpoint=self._carry.checkpoint if self._carry else "",
             cost_tracked=self._carry.cost_tracked if self._carry else True,
             notes=self._start_notes,
+            subagents=sorted(self._live_children),
         )
 
     # --- approvals: three signals and one update, one semantics ------------------------
@@ -207,29 +212,59 @@ class AgentWorkflow:
     @workflow.signal(name="child_approvals")
     @one_payload
     def child_approvals(self, raw: ChildApprovalsInput = NO_PAYLOAD, *extra: Any) -> None:
+        """A sub-agent says what waits in its part of the tree: a hint for people, never a decision's basis.
+
+        A signal names no sender, so anyone may send this one, naming any live child (child ids
+        are predictable). Nothing here is trusted for a decision: ``approve`` / ``reject`` ask
+        the run that owns an approval for its own entry (``durable_agents.cli.owners``), and
+        ``pending`` asks every run of the tree (the sub-agents a run started are in its status,
+        ``subagents``, from its own state). What this run keeps is bounded and shown as relayed:
+
+        - a report naming any run outside the child's own subtree is refused and counted
+          (``foreign_approval``): a genuine child never reports one;
+        - the newest report to arrive wins. ``seq`` is not trusted to order them: a forged
+          ``seq`` of 10**9 used to make the parent drop every later genuine report; now a
+          forged report stands only until the child's next one.
+
+        Asking the children from here instead (a doorbell signal, then an activity querying
+        the child) would add commands to every parent's history for a view the readers that
+        act on it can get themselves, and could still not prove who rang.
+        """
         report = decode(raw, ChildApprovalsSignal, extra)
         if isinstance(report, str):
             self._refuse("malformed", f"refused child_approvals signal: {report}")
             return
-        if report.child_id not in self._child_ids:
-            self._refuse("unknown_child", f"refused child_approvals signal: {quote(report.child_id)} is no child")
+        child_id = report.child_id
+        if child_id not in self._child_ids:
+            self._refuse("unknown_child", f"refused child_approvals signal: {quote(child_id)} is no child")
             return
-        seen = self._child_pending.get(report.child_id)
-        if seen is not None and seen[0] >= report.seq:
-            return  # an older list arrived after a newer one
-        approvals = [a.model_copy(update={"workflow_id": a.workflow_id or report.child_id}) for a in report.approvals]
-        self._child_pending[report.child_id] = (report.seq, approvals)
-        self._emit("approval_requested", f"sub-agent {report.child_id} waits for {len(approvals)} approval(s)")
+        if child_id not in self._live_children:
+            return  # it ended: nothing of it waits any more (a last report may arrive after the end)
+        owners = [a.workflow_id or child_id for a in report.approvals]
+        foreign = [o for o in owners if o != child_id and not o.startswith(f"{child_id}/")]
+        if foreign:
+            self._refuse(
+                "foreign_approval",
+                f"refused child_approvals signal from {quote(child_id)}: {len(foreign)} of its "
+                f"{len(owners)} approvals name runs outside its subtree, e.g. {quote(foreign[0])}",
+            )
+            return
+        approvals = [a.model_copy(update={"workflow_id": o}) for a, o in zip(report.approvals, owners, strict=True)]
+        self._child_pending[child_id] = (report.seq, approvals)
+        self._emit("approval_requested", f"sub-agent {child_id} reports {len(approvals)} waiting approval(s)")
 
     def _child_started(self, child_id: str) -> None:
         self._child_ids.add(child_id)
+        self._live_children.add(child_id)
 
     def _child_ended(self, child_id: str) -> None:
+        self._live_children.discard(child_id)
         if self._child_pending.pop(child_id, None) is not None:
             self._emit("approval_decided", f"sub-agent {child_id} ended; nothing of it waits any more")
 
     def _pending_in_tree(self) -> list[PendingApproval]:
-        """This run's pending approvals, then its sub-agents' (each naming the run that waits for it)."""
+        """This run's pending approvals (its own book: ``workflow_id`` empty), then what its sub-agents
+        reported (each naming the run that waits for it: relayed, to be checked with that run)."""
         found = self._book.views()
         theirs = [a for child_id in sorted(self._child_pending) for a in self._child_pending[child_id][1]]
         return found + theirs[:MAX_CHILD_APPROVALS]
@@ -319,15 +354,48 @@ class AgentWorkflow:
         return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
 
     def _refuse(self, kind: str, message: str, approval_id: str = "") -> None:
-        """Log one line, list and count the refusal, and tell the progress stream (throttled)."""
-        workflow.logger.warning(message)
+        """List and count the refusal, log it and tell the progress stream, both throttled.
+
+        A constant cost whatever the flood: the server hands every signal that arrived
+        meanwhile to one activation (a thousand, under load), which must finish within the
+        SDK's 2 s deadlock limit. Logging each refusal was what broke it on a busy machine:
+        every log line is a write that lets go of the GIL, and taking it back waits for the
+        worker's other threads, so 500 lines cost seconds however little CPU they took.
+        """
         self._book.refuse(kind, message)
+        self._log_refusal(kind, message)
         total = self._book.refused_total
         data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
         if total <= REFUSAL_EVENTS:
             self._emit("decision_refused", message, **data)
         elif total % REFUSAL_EVENT_EVERY == 0:
             self._emit("decision_refused", f"{total} signals and decisions refused so far; latest: {message}", **data)
+
+    def _log_refusal(self, kind: str, message: str) -> None:
+        """One line for each of the first ``REFUSAL_LOG_LINES`` refusals of an activation; the rest
+        are counted and summed up in one line once the activation's handlers have run."""
+        burst = self._refusal_burst
+        if burst is None:
+            burst = self._refusal_burst = {}
+            asyncio.get_running_loop().call_soon(self._end_refusal_burst)
+        logged = burst.get("", 0)
+        if logged < REFUSAL_LOG_LINES:
+            burst[""] = logged + 1
+            workflow.logger.warning(message)
+        else:
+            burst[kind] = burst.get(kind, 0) + 1
+
+    def _end_refusal_burst(self) -> None:
+        burst, self._refusal_burst = self._refusal_burst or {}, None
+        burst.pop("", None)
+        if burst:
+            kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(burst.items()))
+            workflow.logger.warning(
+                "refused %d more signals or decisions in this workflow task without a line each (%s); "
+                "status counts every one",
+                sum(burst.values()),
+                kinds,
+            )
 
     async def _signature_problem(self, request: DecideRequest) -> Problem | None:
         approval = self._book.pending[request.approval_id]

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from temporalio.exceptions import ActivityError
 
+from workflows.call_view import call_lines
 from workflows.identity import canonical_json
 from workflows.types import Message, StatusView, ToolCall
+
+DETAILS_WIDTH = 100  # the Temporal UI scrolls a code block's long lines out of view: wrapped at this width
 
 
 def cause_text(err: BaseException) -> str:
@@ -51,11 +54,17 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
     ]
     for approval in view.pending_approvals:
         verbs = "approve|reject" if approval.kind == "tool_call" else "resolve --as retry|mark_done|fail"
+        owner = approval.workflow_id or workflow_id
+        relayed = f" · reported by sub-agent run `{owner}` (its own status shows it)" if owner != workflow_id else ""
         lines += [
             "",
-            f"**waiting for approval** `{approval.approval_id}` · {approval.tool} "
-            f"`{canonical_json(approval.args)[:160]}` · rule {approval.rule} · expires {approval.expires_at}",
-            f"`python starter.py {verbs.split('|')[0]} {workflow_id} {approval.approval_id} --reviewer NAME`"
+            f"**waiting for approval** `{approval.approval_id}` · rule {approval.rule} · "
+            f"expires {approval.expires_at}{relayed}",
+            "",
+            # an indented code block: nothing in the call can close it, and long lines are wrapped
+            *(f"    {line}" for line in call_lines(approval.tool, approval.args, width=DETAILS_WIDTH)),
+            "",
+            f"`python starter.py {verbs.split('|')[0]} {owner} {approval.approval_id} --reviewer NAME`"
             + (f" (or {verbs})" if approval.kind == "tool_call" else f" ({verbs})"),
         ]
     for refusal in recent_refusals:

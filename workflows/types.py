@@ -291,7 +291,9 @@ class PendingApproval(BaseModel):
     step: int = 0
     call_id: str = ""
     kind: str = "tool_call"
-    workflow_id: str = ""  # the run that waits for it, when it is a sub-agent's ("": this run)
+    # "": this run's own approval. Else a sub-agent's, as that sub-agent reported it (relayed,
+    # unverified: decide it with the run named here, which shows its own entry).
+    workflow_id: str = ""
 
 
 MAX_CHILD_APPROVALS = 100
@@ -301,7 +303,7 @@ class ChildApprovalsSignal(BaseModel):
     """Payload of ``child_approvals``: a sub-agent tells its parent what it (and its own sub-agents) wait for."""
 
     child_id: str = Field(max_length=1000)
-    seq: int = Field(ge=0, le=10**9)  # the newest list wins, whatever order signals arrive in
+    seq: int = Field(ge=0, le=10**9)  # the child's count of its reports (not trusted: the newest arrival wins)
     approvals: list[PendingApproval] = Field(default_factory=list, max_length=MAX_CHILD_APPROVALS)
 
 
@@ -383,6 +385,9 @@ class StatusView(BaseModel):
     checkpoint: str = ""  # the workspace checkpoint its sandbox is expected to hold
     cost_tracked: bool = True  # False: the model has no price, so max_cost_usd is not enforced
     notes: list[str] = Field(default_factory=list)  # what the run started without ("cost not tracked: ...")
+    # The sub-agent runs it started that still run (from its own state): ask each for its own
+    # approvals. ``pending_approvals`` entries naming another run are only what those reported.
+    subagents: list[str] = Field(default_factory=list)
 
 
 # --- transcript -----------------------------------------------------------------

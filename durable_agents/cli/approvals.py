@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -39,6 +38,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
+from durable_agents.cli.approval_text import deciding, pending_lines, pending_row
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUICK_QUERY_TIMEOUT,
@@ -58,8 +58,10 @@ from durable_agents.cli.common import (
     positive_int,
     start_worker_hint,
 )
+from durable_agents.cli.owners import Owned, owned, tree, unconfirmed
 from workflows.agent import AgentWorkflow
-from workflows.identity import canonical_json, decision_signature
+from workflows.call_view import call_head
+from workflows.identity import decision_signature
 from workflows.policy import parse_run_policy
 from workflows.progress import PENDING_APPROVALS
 from workflows.types import DecideRequest, DecideResult, PendingApproval, StatusView
@@ -70,7 +72,6 @@ WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
 DECIDE_TIMEOUT = timedelta(seconds=30)
 QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
 PENDING_LIMIT = 100  # waiting runs `pending` shows by default (it says how many more wait)
-ARGS_WIDTH = 120
 # DecideRequest fields → the arguments that set them
 _DECISION_FIELDS = {
     "approval_id": "the approval id",
@@ -155,86 +156,6 @@ def load_run_policy(path: str | None) -> dict[str, Any]:
         where = ".".join(str(part) for part in first["loc"]) or "policy"
         raise CliError(f"--policy {path}: {where}: {first['msg']}", code=EXIT_USAGE) from None
     return raw
-
-
-# --- presentation --------------------------------------------------------------------
-
-
-def describe_call(tool: str, args: dict[str, Any]) -> str:
-    """``http_request POST 127.0.0.1:8080/orders`` — the call in a few words."""
-    if tool == "http_request":
-        url = str(args.get("url", "")).split("://", 1)[-1]
-        return f"{tool} {str(args.get('method', '')).upper()} {_truncate(url, 80)}"
-    return f"{tool} {_truncate(canonical_json(args), 80)}"
-
-
-def time_left(expires_at: str, now: datetime | None = None) -> str:
-    """``23h59m``, ``4m10s``, ``2d03h`` or ``expired``."""
-    try:
-        expiry = datetime.fromisoformat(expires_at)
-    except ValueError:
-        return "?"
-    if expiry.tzinfo is None:
-        expiry = expiry.replace(tzinfo=UTC)
-    seconds = int((expiry - (now or datetime.now(UTC))).total_seconds())
-    if seconds <= 0:
-        return "expired"
-    hours, rest = divmod(seconds, 3600)
-    if hours >= 48:
-        return f"{hours // 24}d{hours % 24:02d}h"
-    if hours:
-        return f"{hours}h{rest // 60:02d}m"
-    return f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
-
-
-def who_decides(approval: PendingApproval) -> str:
-    return ", ".join(approval.reviewers) or "anyone"
-
-
-def approval_summary(approval: PendingApproval) -> str:
-    """One line for ``status``: id, call, rule, who may decide, time left."""
-    return (
-        f"{approval.approval_id}  {describe_call(approval.tool, approval.args)}  rule={approval.rule or '-'}  "
-        f"by={who_decides(approval)}  left={time_left(approval.expires_at)}"
-    )
-
-
-def _truncate(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _row(workflow_id: str, approval: PendingApproval) -> dict[str, Any]:
-    """One pending approval; a sub-agent's names its own run (where the decision goes) and the parent asked."""
-    row = {**approval.model_dump(), "workflow_id": approval.workflow_id or workflow_id}
-    if approval.workflow_id and approval.workflow_id != workflow_id:
-        row["via"] = workflow_id
-    return {**row, "time_left": time_left(approval.expires_at)}
-
-
-def given(args: dict[str, Any]) -> dict[str, Any]:
-    """The arguments the model actually set (unset optional ones are null): what a reviewer reads."""
-    return {key: value for key, value in args.items() if value is not None}
-
-
-def _line(row: dict[str, Any]) -> str:
-    who = ", ".join(row["reviewers"]) or "anyone"
-    return (
-        f"{row['workflow_id']}  {row['approval_id']}  {row['tool']}  "
-        f"{_truncate(canonical_json(given(row['args'])), ARGS_WIDTH)}  rule={row['rule'] or '-'}  by={who}  "
-        f"left={row['time_left']}"
-    )
-
-
-def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[str, str, str]:
-    """Shell commands deciding ``approval_id``: the starter's approve (signed when so configured),
-    Temporal's approve signal, and the starter's reject (its reason left to fill in)."""
-    run, who = shlex.quote(workflow_id), shlex.quote(reviewer)
-    signal_input = shlex.quote(json.dumps({"approval_id": approval_id, "reviewer": reviewer}))
-    return (
-        f"python starter.py approve {run} {approval_id} --reviewer {who}",
-        f"temporal workflow signal --workflow-id {run} --name approve --input {signal_input}",
-        f"python starter.py reject {run} {approval_id} --reviewer {who} --reason '...'",
-    )
 
 
 # --- reading a run -------------------------------------------------------------------
@@ -337,6 +258,8 @@ async def _why_no_answer(client: Client, workflow_id: str) -> str:
 
 
 async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    """Each approval as the run that waits for it lists it: every run of each tree is asked for its own
+    (``durable_agents.cli.owners``); what a parent relays from its sub-agents is never shown as such."""
     more, unanswered = 0, 0
     if args.workflow_id:
         state, view = await running_view(client, args.workflow_id)
@@ -344,9 +267,19 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
     else:
         views, more = await _waiting_views(client, args.limit, quiet_fallback=args.json)
         unanswered = sum(1 for _, view in views if view is None)
-    rows = [_row(wid, approval) for wid, view in views if view for approval in view.pending_approvals]
-    # A sub-agent's approval is listed by its own run and by every ancestor: once, where it was first seen.
-    rows = list({(r["workflow_id"], r["approval_id"]): r for r in reversed(rows)}.values())[::-1]
+    found: dict[tuple[str, str], Owned] = {}
+    asked: set[str] = set()
+    for workflow_id, view in views:
+        if view is None or workflow_id in asked:  # a sub-agent the search attribute listed too: once
+            continue
+        runs = await tree(client, workflow_id, view)
+        asked.update(wid for wid, _ in runs)
+        mine = owned(runs, workflow_id)
+        for key, entry in mine.items():
+            found.setdefault(key, entry)
+        for warning in unconfirmed(runs, mine):
+            print(warning, file=sys.stderr)
+    rows = [pending_row(entry) for entry in found.values()]
     more_line = (
         f"... and {more} more run(s) waiting for approvals (--limit {args.limit + more} shows them all)" if more else ""
     )
@@ -356,7 +289,7 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
             print(more_line, file=sys.stderr)  # stdout stays JSON
         return 0
     for row in rows:
-        print(_line(row))
+        print("\n".join(pending_lines(row)))
     if more_line:
         print(more_line)
     if rows or more_line:
@@ -433,26 +366,32 @@ async def _decide_command(
     state, view = await running_view(client, workflow_id)
     if view is None:
         raise CliError(f"run {workflow_id} is not running ({state}); there is nothing to {decision}")
-    pending = {approval.approval_id: approval for approval in view.pending_approvals}
+    # Each run of the tree is asked for its own approvals: what a parent relays is never signed.
+    runs = await tree(client, workflow_id, view)
+    pending = {key[1]: entry for key, entry in reversed(owned(runs, workflow_id).items())}
     if args.approval_id:
-        approval_id = args.approval_id  # not pending: still sent, so the run itself says why it is refused
+        approval_id = args.approval_id
     elif not pending:
         raise CliError(f"run {workflow_id} has no pending approvals")
     elif len(pending) > 1:
         raise CliError(f"run {workflow_id} has {len(pending)} pending approvals; name one of: {', '.join(pending)}")
     else:
         approval_id = next(iter(pending))
-    # A sub-agent's approval is decided by the sub-agent's run, whichever ancestor it was listed by.
-    owner = pending[approval_id].workflow_id if approval_id in pending else ""
+    found = pending.get(approval_id)
+    if found is None:
+        relayed = {a.approval_id: a.workflow_id for a in view.pending_approvals if a.workflow_id}
+        if approval_id in relayed:
+            raise CliError(
+                f"refused: run {relayed[approval_id]} does not wait for approval {approval_id} (run {workflow_id} "
+                "lists it as that run's: a forged or out-of-date report); nothing was signed or sent"
+            )
+        # Pending nowhere in the tree: sent unsigned-for-nothing, so the run itself says why it is refused.
+        owner, approval = workflow_id, None
+    else:
+        owner, approval = found.workflow_id, found.approval
+        print(deciding(decision, found), flush=True)
     line = await send_decision(
-        client,
-        owner or workflow_id,
-        approval_id,
-        decision,
-        reviewer,
-        note,
-        pending.get(approval_id),
-        approval_key=settings.approval_key,
+        client, owner, approval_id, decision, reviewer, note, approval, approval_key=settings.approval_key
     )
     print(line)
     return 0
@@ -521,6 +460,6 @@ async def send_decision(
     if not result.accepted:
         raise CliError(f"refused: {result.message}")
     verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")
-    what = f" ({describe_call(approval.tool, approval.args)})" if approval else ""
+    what = f" ({call_head(approval.tool, approval.args)})" if approval else ""
     why = f": {note}" if note else ""
     return f"{verb} {approval_id}{what} as {reviewer}{why}"

@@ -7,7 +7,6 @@ when the settings carry ``AGENT_APPROVAL_KEY``.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,17 +14,11 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from durable_agents.cli.approvals import (
-    Decision,
-    decide_commands,
-    describe_call,
-    given,
-    running_view,
-    send_decision,
-    time_left,
-    who_decides,
-)
+from durable_agents.cli.approval_text import decide_commands, time_left, who_decides
+from durable_agents.cli.approvals import Decision, running_view, send_decision
 from durable_agents.cli.common import QUERY_TIMEOUT, CliError
+from durable_agents.cli.owners import owned, tree
+from workflows.call_view import call_lines
 from workflows.types import PendingApproval
 
 # input() runs here, not in the loop's default executor: asyncio.run() joins that executor on exit,
@@ -78,11 +71,12 @@ class FollowReviewer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def _print_commands(self, approval: PendingApproval) -> None:
+        relayed = f", reported by sub-agent run {approval.workflow_id}" if approval.workflow_id else ""
         print(
-            f"approval needed: {approval.approval_id}  {describe_call(approval.tool, approval.args)}  "
-            f"(rule {approval.rule or '-'}, may decide: {who_decides(approval)}, "
-            f"expires in {time_left(approval.expires_at)})"
+            f"approval needed: {approval.approval_id}  (rule {approval.rule or '-'}, may decide: "
+            f"{who_decides(approval)}, expires in {time_left(approval.expires_at)}{relayed})"
         )
+        print("\n".join(call_lines(approval.tool, approval.args)))
         approve, signal, reject = decide_commands(self.workflow_id, approval.approval_id, self.reviewer)
         print(f"  approve: {approve}")
         print(f"       or: {signal}")
@@ -110,13 +104,17 @@ class FollowReviewer:
                 self.busy = False
 
     async def _review(self, approval: PendingApproval) -> None:
+        # Shown and signed as the run that waits for it lists it, never as a parent relayed it.
         _, view = await running_view(self.client, self.workflow_id, query_timeout=QUERY_TIMEOUT)
-        if view is None or approval.approval_id not in {p.approval_id for p in view.pending_approvals}:
+        runs = await tree(self.client, self.workflow_id, view) if view is not None else []
+        found = [o for (_, aid), o in owned(runs, self.workflow_id).items() if aid == approval.approval_id]
+        if not found:
             print(f"approval {approval.approval_id} is no longer pending")
             return
-        args = json.dumps(given(approval.args), indent=2, ensure_ascii=False).replace("\n", "\n    ")
-        print(f"\napproval needed: {approval.approval_id} (step {approval.step})")
-        print(f"  tool: {approval.tool}\n  args:\n    {args}")
+        owner, approval = found[0].workflow_id, found[0].approval
+        where = f" of sub-agent run {owner}" if owner != self.workflow_id else ""
+        print(f"\napproval needed: {approval.approval_id}{where} (step {approval.step})")
+        print("\n".join(call_lines(approval.tool, approval.args)))
         left = time_left(approval.expires_at)
         print(f"  rule: {approval.rule or '-'}   may decide: {who_decides(approval)}   expires in: {left}", flush=True)
         decision: Decision
@@ -136,7 +134,7 @@ class FollowReviewer:
         try:
             line = await send_decision(
                 self.client,
-                self.workflow_id,
+                owner,
                 approval.approval_id,
                 decision,
                 self.reviewer,

@@ -26,7 +26,8 @@ from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import QUERY_CONCURRENCY, approval_summary
+from durable_agents.cli.approval_text import approval_summary
+from durable_agents.cli.approvals import QUERY_CONCURRENCY
 from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,
@@ -170,7 +171,8 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
         if key == "pending_approvals":
             print(f"{key:>18}: {len(value) or 'none'}")
             for approval in value:
-                print(f"{'':>20}{approval_summary(PendingApproval.model_validate(approval))}")
+                for line in approval_summary(PendingApproval.model_validate(approval)):
+                    print(f"{'':>20}{line}")
         elif key in ("refused", "notes"):
             for index, message in enumerate(value[-5:] if key == "refused" else value):
                 print(f"{key if index == 0 else '':>18}{':' if index == 0 else ' '} {message}")

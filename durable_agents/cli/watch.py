@@ -37,7 +37,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import decide_commands
+from durable_agents.cli.approval_text import decide_commands
 from durable_agents.cli.common import (
     PROBE_TIMEOUT,
     CliError,
@@ -52,7 +52,9 @@ from durable_agents.cli.common import (
     warn_when_no_worker,
 )
 from workflows.agent import AgentWorkflow
+from workflows.call_view import call_lines
 from workflows.progress import TOPIC, ProgressEvent
+from workflows.types import StatusView
 
 Mode = Literal["json", "rich", "plain"]
 OnEvent = Callable[[int, ProgressEvent], Awaitable[None] | None]
@@ -148,7 +150,8 @@ class EventPrinter:
         self.reviewer = reviewer or DEFAULT_REVIEWER
         self._console = Console(file=self.file, highlight=False, soft_wrap=True) if mode == "rich" else None
 
-    def __call__(self, offset: int, event: ProgressEvent) -> None:
+    def __call__(self, offset: int, event: ProgressEvent, call: list[str] | None = None) -> None:
+        """``call``: the lines of the call an approval request waits for (``workflows.call_view``)."""
         if self.mode == "json":
             print(event.model_dump_json(), file=self.file, flush=True)
             return
@@ -159,6 +162,8 @@ class EventPrinter:
         )
         if self._console is None:
             print(f"{self.indent}{clock(event.at)} [step {event.step}] {event.kind}: {describe(event)}", file=self.file)
+            for call_line in call or []:
+                print(f"{self.indent}    {call_line}", file=self.file)
             for command in commands:
                 print(f"{self.indent}    {command}", file=self.file)
             self.file.flush()
@@ -179,6 +184,8 @@ class EventPrinter:
             (describe(event), "bold yellow" if event.kind == "approval_requested" else ""),
         )
         self._console.print(line)
+        for call_line in call or []:
+            self._console.print(Text.assemble(self.indent, "    ", (call_line, "bold")))
         for command in commands:
             self._console.print(Text.assemble(self.indent, "    ", ("decide: ", "yellow"), command))
         self.file.flush()
@@ -214,7 +221,7 @@ async def watch(
                 result = on_event(offset, event)
                 if inspect.isawaitable(result):
                     await result
-            printer(offset, event)
+            printer(offset, event, await _waiting_call(client, workflow_id, event) if mode != "json" else None)
             child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
             if isinstance(child_id, str) and child_id and mode != "json":
                 follow = watch_child(client, child_id, out, poll_cooldown, reviewer, depth + 1)
@@ -223,6 +230,21 @@ async def watch(
     finally:
         for task in children:
             task.cancel()
+
+
+async def _waiting_call(client: Client, workflow_id: str, event: ProgressEvent) -> list[str] | None:
+    """The call an ``approval_requested`` event waits for, as the run lists it while it still waits."""
+    approval_id = event.data.get("approval_id") if event.kind == "approval_requested" else None
+    if not approval_id:
+        return None
+    try:
+        view = await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
+    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError):
+        return None
+    for approval in StatusView.model_validate(view).pending_approvals:
+        if approval.approval_id == approval_id and not approval.workflow_id:
+            return call_lines(approval.tool, approval.args)
+    return None
 
 
 async def watch_child(
