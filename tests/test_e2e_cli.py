@@ -168,7 +168,7 @@ def test_bad_input_and_bad_signals_are_refused_cleanly(worker_env: tuple[Cli, Pa
     assert started.returncode == 0, started.stderr
     result = cli.temporal("workflow", "result", "--workflow-id", "e2e-bad-input")
     assert result.returncode != 0
-    assert "invalid run input: task: Field required" in result.stdout + result.stderr
+    assert "invalid run input: tsk: unknown key 'tsk' (did you mean 'task'?)" in result.stdout + result.stderr
 
     # A malformed signal is dropped and logged; the run goes on and completes.
     llm.enqueue(Scripted(tool_calls=[("http_request", '{"method": "POST", "url": "http://127.0.0.1:9/x"}')]))

@@ -326,13 +326,15 @@ async def test_measured_quota_fails_the_command_refuses_writes_and_recovers(meas
 async def test_measured_quota_kills_a_writer_that_never_stops(measured: LocalSandboxBackend) -> None:
     box = await measured.create("quota-measured-writer", metadata={})
     result = await box.run(
-        ["/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); done"], timeout_s=60
+        # Paced at most ~50 MiB/s, so that the bound below holds through a second of a starved host.
+        ["/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); sleep 0.02; done"],
+        timeout_s=60,
     )
     # Killed by the quota, not by the command's time limit (that would say so instead).
     assert result.exit_code != 0, result.stderr
     assert "[sandbox] killed: the workspace holds" in result.stderr
     used = hostfs.measure_tree(box.workspace, max_entries=10**6, max_depth=1000, budget_s=10).used_bytes
-    assert used < 8 * MIB + 64 * MIB, used  # bounded by what it writes between two checks (50 ms here)
+    assert used < 8 * MIB + 64 * MIB, used  # bounded by what it writes between two checks (50 ms apart)
     await box.kill()
     assert not box.directory.exists()
 

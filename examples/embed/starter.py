@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.settings import Settings
+from durable_agents.client import exit_process
 from examples.embed.workflows import BACKSTOP_S, TASK_QUEUE, ReportInput, ReportWorkflow
 
 
@@ -52,3 +53,6 @@ async def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+    # A short-lived client process: leave without interpreter teardown, which the Temporal core
+    # runtime's threads can crash (PyGILState_Release at finalization) after the report is printed.
+    exit_process(0)
