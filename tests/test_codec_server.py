@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from durable_agents.codec_server import build_app
 from tests.crypto_keys import TEST_ONLY_K1, TEST_ONLY_K2, ring
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 UI = "http://localhost:8233"
@@ -164,11 +164,13 @@ class CodecProcess:
         threading.Thread(target=lambda: self.lines.extend(stderr), daemon=True).start()
 
     async def wait_for_log(self, text: str) -> None:
-        deadline = time.monotonic() + 120
-        while not any(text in line for line in list(self.lines)):
-            assert self.proc.poll() is None, "the codec server exited"
-            assert time.monotonic() < deadline, f"no log line with {text!r}: {self.lines[-5:]}"
-            await asyncio.sleep(0.02)
+        def logged() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the codec server exited")
+            assert any(text in line for line in list(self.lines)), f"no log line with {text!r}: {self.lines[-5:]}"
+            return True
+
+        await eventually(logged, f"the codec server logs {text!r}", every_s=0.02)
 
     def stop(self) -> None:
         self.proc.terminate()

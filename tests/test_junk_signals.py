@@ -38,10 +38,11 @@ from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
 from tests.scenarios import pending_view
+from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.identity import decision_signature
 from workflows.progress import PUBLISH_SIGNAL
-from workflows.types import ApproveSignal
+from workflows.types import ApproveSignal, StatusView
 
 KEY = "junk-signals-key"
 MARK = "BIG-" + uuid.uuid4().hex  # starts every oversized field, to find it in history
@@ -139,11 +140,12 @@ async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_appr
         untyped = client.get_workflow_handle(handle.id)
         for start in range(0, len(signals), 100):
             await asyncio.gather(*(untyped.signal(name, args=args) for name, args, _ in signals[start : start + 100]))
-        for _ in range(600):
-            view = await handle.query(AgentWorkflow.status)
-            if view.refused_total >= len(signals):
-                break
-            await asyncio.sleep(0.1)
+
+        async def all_refused() -> StatusView | None:
+            seen: StatusView = await handle.query(AgentWorkflow.status)
+            return seen if seen.refused_total >= len(signals) else None
+
+        view = await eventually(all_refused, f"the run counts {len(signals)} refusals", every_s=0.1)
         sent_and_refused_s = time.monotonic() - began
 
         # The status query works and stays small; every junk signal is counted, by reason.

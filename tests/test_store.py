@@ -17,6 +17,7 @@ import pytest
 from activities.store import RunStore, StoreError, open_store
 from activities.store.ledger import ClaimRequest
 from activities.store.postgres import PostgresRunStore
+from tests.waiting import eventually_sync
 from workflows.types import Message
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,11 +263,13 @@ def test_cross_process_claim_race_has_one_winner(postgres_db_url: str, tmp_path:
         )
         for name in names
     ]
-    deadline = time.monotonic() + 30
-    while not all((tmp_path / f"ready-{n}").exists() for n in names):
-        assert time.monotonic() < deadline, "racers did not get ready"
-        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-        time.sleep(0.005)
+
+    def ready() -> bool:
+        if not all(p.poll() is None for p in procs):
+            raise RuntimeError(f"a racer exited: {[p.communicate() for p in procs]}")
+        return all((tmp_path / f"ready-{n}").exists() for n in names)
+
+    eventually_sync(ready, "the racers get ready", every_s=0.005)
     (tmp_path / "go").touch()
     results = []
     for p in procs:
