@@ -263,7 +263,10 @@ async def test_unkeyed_side_effect_pauses_then_retry_via_starter_sends_again(cra
         _starter, rig.address, "resolve", handle.id, approval_id, "--as", "retry", "--reviewer", "ops-bob"
     )
     assert answer.returncode == 0, answer.stderr
-    assert answer.stdout.strip().startswith(f"resolved (retry) {approval_id}")
+    # The whole call it decides first, then the decision.
+    shown = answer.stdout.strip().splitlines()
+    assert shown[0].startswith(f"retry {approval_id} of run {handle.id}"), answer.stdout
+    assert shown[-1].startswith(f"resolved (retry) {approval_id}"), answer.stdout
     result = await rig.result(handle)
 
     assert result.status == "completed" and result.output == "sent", rig.logs()
