@@ -127,6 +127,9 @@ RECORDED: dict[str, Scenario] = {
     **SCENARIOS,
     "junk_signals": junk_signals,
     "subagents": subagents,
+    # The same run under the tree bounds (patches tree-runs-v1, child-refusals-v1, run-input-size-v1 and
+    # policy-re2-known-keys-v1; sub-agent definitions by digest): "subagents" keeps the run from before them.
+    "subagents_bounded": subagents,
     "encrypted_approvals": approvals,  # with the test-only key ring
 }
 
