@@ -81,7 +81,6 @@ else:
 REFUSAL_EVENTS = 20
 REFUSAL_EVENT_EVERY = 100
 # Refusals logged one line each per activation; the rest of a flood is summed up in one line.
-REFUSAL_LOG_LINES = 10
 
 MODEL_TIMEOUT = timedelta(seconds=180)
 MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
@@ -129,7 +128,6 @@ class AgentWorkflow:
         self._last_event = "starting"
         # Refusals are counted from the first activation on (signals are handled before ``run``
         # starts), and carried across continue-as-new.
-        self._refusal_burst: dict[str, int] | None = None  # this activation's refusals ("": logged lines)
         self._book = ApprovalBook(
             approvers=self._input.approvers if self._input else [],
             signing_required=carry.signing_required if carry else False,  # a fresh run learns it in ``run``
@@ -354,48 +352,26 @@ class AgentWorkflow:
         return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
 
     def _refuse(self, kind: str, message: str, approval_id: str = "") -> None:
-        """List and count the refusal, log it and tell the progress stream, both throttled.
+        """List and count the refusal; log it and tell the progress stream, both throttled.
 
-        A constant cost whatever the flood: the server hands every signal that arrived
-        meanwhile to one activation (a thousand, under load), which must finish within the
-        SDK's 2 s deadlock limit. Logging each refusal was what broke it on a busy machine:
-        every log line is a write that lets go of the GIL, and taking it back waits for the
-        worker's other threads, so 500 lines cost seconds however little CPU they took.
+        A constant cost whatever the flood: the server hands every signal that arrived meanwhile
+        to one activation (a thousand, under load), which must finish within the SDK's 2 s
+        deadlock limit. Logging each refusal was what broke it on a busy machine: every log line
+        is a write that lets go of the GIL, and taking it back waits for the worker's other
+        threads, so 500 lines cost seconds however little CPU they took. So the first
+        ``REFUSAL_EVENTS`` refusals of a run get a line (and an event) each, then one line every
+        ``REFUSAL_EVENT_EVERY``: a count of the run's refusals, not of how the server batched them.
         """
         self._book.refuse(kind, message)
-        self._log_refusal(kind, message)
         total = self._book.refused_total
         data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
         if total <= REFUSAL_EVENTS:
+            workflow.logger.warning(message)
             self._emit("decision_refused", message, **data)
         elif total % REFUSAL_EVENT_EVERY == 0:
-            self._emit("decision_refused", f"{total} signals and decisions refused so far; latest: {message}", **data)
-
-    def _log_refusal(self, kind: str, message: str) -> None:
-        """One line for each of the first ``REFUSAL_LOG_LINES`` refusals of an activation; the rest
-        are counted and summed up in one line once the activation's handlers have run."""
-        burst = self._refusal_burst
-        if burst is None:
-            burst = self._refusal_burst = {}
-            asyncio.get_running_loop().call_soon(self._end_refusal_burst)
-        logged = burst.get("", 0)
-        if logged < REFUSAL_LOG_LINES:
-            burst[""] = logged + 1
-            workflow.logger.warning(message)
-        else:
-            burst[kind] = burst.get(kind, 0) + 1
-
-    def _end_refusal_burst(self) -> None:
-        burst, self._refusal_burst = self._refusal_burst or {}, None
-        burst.pop("", None)
-        if burst:
-            kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(burst.items()))
-            workflow.logger.warning(
-                "refused %d more signals or decisions in this workflow task without a line each (%s); "
-                "status counts every one",
-                sum(burst.values()),
-                kinds,
-            )
+            summary = f"{total} signals and decisions refused so far (status counts each by reason); latest: {message}"
+            workflow.logger.warning(summary)
+            self._emit("decision_refused", summary, **data)
 
     async def _signature_problem(self, request: DecideRequest) -> Problem | None:
         approval = self._book.pending[request.approval_id]
