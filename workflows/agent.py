@@ -80,6 +80,7 @@ else:
 # of junk signals cannot push a run's own events out of the stream.
 REFUSAL_EVENTS = 20
 REFUSAL_EVENT_EVERY = 100
+REFUSAL_LINES_PER_TASK = 5  # log lines of refusals one activation writes at most (the status counts them all)
 # Refusals logged one line each per activation; the rest of a flood is summed up in one line.
 
 MODEL_TIMEOUT = timedelta(seconds=180)
@@ -120,6 +121,7 @@ class AgentWorkflow:
         self._search_attributes = False
         self._state: RunState = "running"
         self._step = 0
+        self._refusal_lines = 0  # refusal log lines this activation wrote (see ``_refuse``)
         self._usage = Usage()
         self._children_usage = Usage()
         self._model = ""
@@ -360,18 +362,29 @@ class AgentWorkflow:
         is a write that lets go of the GIL, and taking it back waits for the worker's other
         threads, so 500 lines cost seconds however little CPU they took. So the first
         ``REFUSAL_EVENTS`` refusals of a run get a line (and an event) each, then one line every
-        ``REFUSAL_EVENT_EVERY``: a count of the run's refusals, not of how the server batched them.
+        ``REFUSAL_EVENT_EVERY`` (a count of the run's refusals, not of how the server batched
+        them), and one activation writes at most ``REFUSAL_LINES_PER_TASK`` of those lines.
         """
         self._book.refuse(kind, message)
         total = self._book.refused_total
         data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
         if total <= REFUSAL_EVENTS:
-            workflow.logger.warning(message)
+            self._log_refusal(message)
             self._emit("decision_refused", message, **data)
         elif total % REFUSAL_EVENT_EVERY == 0:
             summary = f"{total} signals and decisions refused so far (status counts each by reason); latest: {message}"
-            workflow.logger.warning(summary)
+            self._log_refusal(summary)
             self._emit("decision_refused", summary, **data)
+
+    def _log_refusal(self, line: str) -> None:
+        if self._refusal_lines == 0:  # the first of this activation: count again from the next one on
+            asyncio.get_running_loop().call_soon(self._reset_refusal_lines)
+        self._refusal_lines += 1
+        if self._refusal_lines <= REFUSAL_LINES_PER_TASK:
+            workflow.logger.warning(line)
+
+    def _reset_refusal_lines(self) -> None:
+        self._refusal_lines = 0
 
     async def _signature_problem(self, request: DecideRequest) -> Problem | None:
         approval = self._book.pending[request.approval_id]
