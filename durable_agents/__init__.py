@@ -23,8 +23,8 @@ if TYPE_CHECKING:
         FatalProviderError,
         ModelProvider,
         ProviderError,
-        ProviderReply,
         ProviderRegistry,
+        ProviderReply,
         RetryableProviderError,
         provider,
     )

@@ -42,6 +42,8 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+import activities
+import workflows
 from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
 from activities.crypto.codec import encrypted_converter
@@ -57,8 +59,6 @@ from activities.tools.registry import ToolRegistry
 from durable_agents.health import HealthServer, WorkerHealth
 from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
-import activities
-import workflows
 from workflows.agent import AgentWorkflow
 
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"

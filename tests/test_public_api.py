@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
-import signal
 import tomllib
 import uuid
 from pathlib import Path
@@ -70,7 +70,7 @@ def test_every_public_name_is_the_object_of_its_old_path() -> None:
         assert getattr(durable_agents, name) is not None, name
     assert set(durable_agents.__all__) <= set(dir(durable_agents))
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
-        _ = durable_agents.Nope  # type: ignore[attr-defined]
+        _ = durable_agents.Nope
 
 
 def test_the_package_is_typed_and_ships_its_marker() -> None:
@@ -91,7 +91,7 @@ def test_importing_the_package_loads_nothing_heavy() -> None:
     assert json.loads(probe.stdout) == ["durable_agents"]
 
 
-MYPY_CHECKED = '''
+MYPY_CHECKED = """
 from pydantic import BaseModel
 
 from durable_agents import AgentInput, Limits, ToolContext, tool
@@ -117,7 +117,7 @@ async def wrong(args: OtherArgs, ctx: ToolContext) -> str:
 
 task: str = AgentInput(task="t").task
 limit: str = Limits()  # line 25: a real type, not Any
-'''
+"""
 
 
 def test_tool_is_typed_over_its_argument_model(tmp_path: Path) -> None:
