@@ -1,9 +1,134 @@
 """Durable Agents: AI agents as Temporal workflows.
 
-The embedding API is :class:`DurableAgentsPlugin`; ``worker.py`` and ``starter.py``
-are the entry points built on it.
+Everything an application, a tool author or a provider author touches is importable from here::
+
+    from durable_agents import AgentInput, AgentResult, DurableAgentsPlugin, ToolContext, tool
+
+The embedding API is :class:`DurableAgentsPlugin`; ``worker.py`` and ``starter.py`` (the
+``durable-agents-worker`` and ``durable-agents`` commands) are the entry points built on it.
+
+Importing this package loads nothing but this module: each name is imported from its home
+module on first use (PEP 562). A workflow module can therefore import it at the top,
+inside Temporal's workflow sandbox, and ``DurableAgentsPlugin`` passes the project's own
+modules through that sandbox. The old import paths (``activities.tools``,
+``activities.models``, ``activities.settings``, ``workflows.types``) keep working.
 """
 
-from durable_agents.plugin import DurableAgentsPlugin
+from __future__ import annotations
 
-__all__ = ["DurableAgentsPlugin"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from activities.models import (
+        FatalProviderError,
+        ModelProvider,
+        ProviderError,
+        ProviderRegistry,
+        ProviderReply,
+        RetryableProviderError,
+        provider,
+    )
+    from activities.settings import ConfigurationError, Settings
+    from activities.tools import Recovery, ToolContext, ToolError, ToolRegistry, ToolSpec, tool
+    from durable_agents.client import connect, exit_process
+    from durable_agents.plugin import DurableAgentsPlugin
+    from workflows.types import (
+        AgentInput,
+        AgentResult,
+        Limits,
+        Message,
+        RecordedToolCall,
+        StatusView,
+        SubagentDef,
+        ToolInvocation,
+        Usage,
+    )
+
+# Public name -> the module it lives in (and is imported from on first use).
+_HOMES: dict[str, str] = {
+    # embedding
+    "DurableAgentsPlugin": "durable_agents.plugin",
+    "Settings": "activities.settings",
+    "ConfigurationError": "activities.settings",
+    "connect": "durable_agents.client",
+    "exit_process": "durable_agents.client",
+    # the run contract
+    "AgentInput": "workflows.types",
+    "AgentResult": "workflows.types",
+    "Limits": "workflows.types",
+    "Message": "workflows.types",
+    "RecordedToolCall": "workflows.types",
+    "StatusView": "workflows.types",
+    "SubagentDef": "workflows.types",
+    "ToolInvocation": "workflows.types",
+    "Usage": "workflows.types",
+    # tools
+    "tool": "activities.tools",
+    "ToolContext": "activities.tools",
+    "ToolError": "activities.tools",
+    "ToolRegistry": "activities.tools",
+    "ToolSpec": "activities.tools",
+    "Recovery": "activities.tools",
+    # model providers
+    "provider": "activities.models",
+    "ModelProvider": "activities.models",
+    "ProviderReply": "activities.models",
+    "ProviderError": "activities.models",
+    "RetryableProviderError": "activities.models",
+    "FatalProviderError": "activities.models",
+    "ProviderRegistry": "activities.models",
+}
+
+__all__ = [
+    "AgentInput",
+    "AgentResult",
+    "ConfigurationError",
+    "DurableAgentsPlugin",
+    "FatalProviderError",
+    "Limits",
+    "Message",
+    "ModelProvider",
+    "ProviderError",
+    "ProviderRegistry",
+    "ProviderReply",
+    "RecordedToolCall",
+    "Recovery",
+    "RetryableProviderError",
+    "Settings",
+    "StatusView",
+    "SubagentDef",
+    "ToolContext",
+    "ToolError",
+    "ToolInvocation",
+    "ToolRegistry",
+    "ToolSpec",
+    "Usage",
+    "__version__",
+    "connect",
+    "exit_process",
+    "provider",
+    "tool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its home module now (nothing heavy is loaded at ``import durable_agents``).
+
+    Not cached on this module: inside the workflow sandbox the home module may be the sandbox's own copy,
+    and a cached value would leak it to the host (``sys.modules`` keeps the lookup cheap).
+    """
+    if name == "__version__":
+        from durable_agents.version import package_version
+
+        return package_version()
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")
+    # The import statement (``__import__``), not importlib: inside the sandbox it goes through the sandbox's
+    # importer, which passes the module through from the host or imports it under the sandbox's rules.
+    module = __import__(home, fromlist=[name])
+    return getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

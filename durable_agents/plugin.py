@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import pkgutil
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +42,8 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+import activities
+import workflows
 from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
 from activities.crypto.codec import encrypted_converter
@@ -61,10 +64,29 @@ from workflows.agent import AgentWorkflow
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
 WORKFLOW_MODULE = AgentWorkflow.__module__
 log = structlog.get_logger("plugin")
+# Libraries of ours an application's workflow module may import at its top (to configure the agents' logs)
+# whose import the sandbox refuses: ``structlog.dev`` imports ``rich``, which calls ``random.getrandbits``.
+PASSED_THROUGH_LIBRARIES = ("structlog", "rich")
+
+
+def own_modules() -> tuple[str, ...]:
+    """The modules the sandbox takes from the host: ``durable_agents`` and every module of ``workflows`` and
+    ``activities`` (named one by one, so that an application's own modules of the same top-level name are not).
+
+    A user's workflow module may import ``durable_agents`` (``AgentInput`` for its types, or the plugin in a
+    one-file app) at its top: passed through, those modules are imported once, outside the sandbox's import
+    checks (``rich``, pulled in through ``mcp``, calls ``random.getrandbits`` when it is imported), the way
+    Temporal's contrib plugins pass their own packages through (``OpenTelemetryPlugin``: ``opentelemetry``).
+    """
+    names = ["durable_agents"]
+    for package in (workflows, activities):
+        names.extend(f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__))
+    return tuple(names)
 
 
 def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
-    """The worker's sandbox, with ``AgentWorkflow``'s module imported once instead of once per run.
+    """The worker's sandbox, with ``AgentWorkflow``'s module (and the project's others, :func:`own_modules`)
+    imported once instead of once per run.
 
     The sandbox re-imports a workflow's own module for every run it starts or replays, to isolate
     module-level state. ``workflows.agent`` keeps none (constants only; each run's state is on its
@@ -75,7 +97,8 @@ def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
     runner = runner if runner is not None else SandboxedWorkflowRunner()
     if not isinstance(runner, SandboxedWorkflowRunner):  # an embedding application chose otherwise
         return runner
-    return dataclasses.replace(runner, restrictions=runner.restrictions.with_passthrough_modules(WORKFLOW_MODULE))
+    modules = (WORKFLOW_MODULE, *own_modules(), *PASSED_THROUGH_LIBRARIES)
+    return dataclasses.replace(runner, restrictions=runner.restrictions.with_passthrough_modules(*modules))
 
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:

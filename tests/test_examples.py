@@ -228,6 +228,24 @@ def test_embed_worker_and_starter_modules(dev_env: WorkflowEnvironment, tmp_path
     assert code == 0, log_path.read_text()
 
 
+def test_one_file_app_runs_an_agent_as_a_child_workflow(dev_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    # One module (a workflow, the plugin, a worker, a starter) importing durable_agents at its top: the
+    # sandbox re-imports it to validate AskWorkflow and for each run, and that import must pass there.
+    address = dev_env.client.service_client.config.target_host
+    env = example_env(tmp_path, TEMPORAL_ADDRESS=address, AGENT_TASK_QUEUE=f"one-file-{uuid.uuid4().hex[:8]}")
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.one_file_app", "What is the capital of France?"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Failed validating workflow" not in run.stderr, run.stderr
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "completed: echo: What is the capital of France?\n", (run.stdout, run.stderr)
+
+
 # --- configuration errors stop worker.py before it connects ------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import copy
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -45,6 +45,8 @@ CompensateFn = Callable[[Any, ToolContext, str], Awaitable[str]]
 # validated, before policy asks anyone to approve it; None when it may run.
 PrecheckFn = Callable[[Any, Settings], str | None]
 Recovery = Literal["idempotent_by_key", "reconcile", "unknown"]
+# The argument model of one tool: ``@tool(args=A)`` accepts only a function of ``(A, ToolContext)``.
+A = TypeVar("A", bound=BaseModel)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -88,7 +90,7 @@ def tool(
     name: str,
     *,
     description: str,
-    args: type[BaseModel],
+    args: type[A],
     side_effect: bool = False,
     uses_sandbox: bool = False,
     timeout_s: int = 60,
@@ -98,8 +100,10 @@ def tool(
     reconcile: ReconcileFn | None = None,
     compensate: CompensateFn | None = None,
     precheck: PrecheckFn | None = None,
-) -> Callable[[ToolFn], ToolFn]:
+) -> Callable[[Callable[[A, ToolContext], Awaitable[str]]], Callable[[A, ToolContext], Awaitable[str]]]:
     """Declare ``fn(args, ctx) -> str`` as tool ``name``; the returned text goes to the model.
+
+    ``fn``'s first parameter is typed ``args``' model: a function of another model is a type error.
 
     For tools with ``side_effect=True``, ``recovery`` says what a retry does when an
     earlier attempt recorded its intent but no outcome: ``idempotent_by_key`` runs
@@ -115,7 +119,7 @@ def tool(
     if not name or not name.replace("_", "a").replace("-", "a").isalnum() or len(name) > 64:
         raise ValueError(f"tool name {name!r}: use 1-64 letters, digits, '_' or '-'")
 
-    def declare(fn: ToolFn) -> ToolFn:
+    def declare(fn: Callable[[A, ToolContext], Awaitable[str]]) -> Callable[[A, ToolContext], Awaitable[str]]:
         spec = ToolSpec(
             name=name,
             description=description,

@@ -76,6 +76,7 @@ from durable_agents.cli.tools import cmd_tools
 from durable_agents.cli.watch import add_command as add_watch_command
 from durable_agents.cli.watch import cmd_watch
 from durable_agents.client import TemporalUnavailable, connect
+from durable_agents.version import package_version
 
 COMMANDS: dict[str, Command] = {
     "run": cmd_run,
@@ -99,15 +100,16 @@ LOCAL_COMMANDS: dict[str, LocalCommand] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     """Every command's arguments; reads nothing from the environment."""
     parser = Parser(
-        prog="starter.py",
+        prog=prog,
         description="Start and inspect durable agent runs.",
         epilog="Exit codes: 0 done; 1 no such run, the run did not complete, it refused the request, or no worker "
         "answered; 2 bad usage or input, a bad configuration, or no Temporal server; "
         "130 interrupted (the run goes on).",
     )
+    parser.add_argument("--version", action="version", version=f"durable-agents {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_run_command(sub)
     add_watch_command(sub)
@@ -123,10 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def main(argv: Sequence[str] | None = None) -> int:
+async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     """Parse, configure, connect and run one command; the exit code (see the module docstring)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
         check_text_arguments(args)
         settings = Settings.from_env()
         # Library warnings only, on stderr: stdout is the command's output.
@@ -156,7 +158,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
 
 
-def run(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     """``starter.py``: :func:`main` in an event loop, plus what no command can catch itself.
 
     Ctrl-C cancels the command (asyncio turns it into ``KeyboardInterrupt`` here):
@@ -165,7 +167,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     docs recommend, so nothing fails again when it is flushed at exit.
     """
     try:
-        code = asyncio.run(main(argv))
+        code = asyncio.run(main(argv, prog=prog))
     except KeyboardInterrupt:
         note = interrupt_note()
         _say(f"interrupted{': ' + note if note else ''}")

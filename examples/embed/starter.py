@@ -16,8 +16,7 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.settings import Settings
-from durable_agents.client import exit_process
+from durable_agents import Settings, exit_process
 from examples.embed.workflows import BACKSTOP_S, TASK_QUEUE, ReportInput, ReportWorkflow
 
 

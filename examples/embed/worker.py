@@ -17,8 +17,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.settings import ConfigurationError, Settings
-from durable_agents import DurableAgentsPlugin
+from durable_agents import ConfigurationError, DurableAgentsPlugin, Settings
 from examples.embed.workflows import TASK_QUEUE, ReportWorkflow
 
 

@@ -11,10 +11,10 @@ from datetime import timedelta
 
 from temporalio import workflow
 
+from durable_agents import AgentInput, AgentResult, Limits
+
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, Field
-
-    from workflows.types import AgentInput, AgentResult, Limits
 
 TASK_QUEUE = "my-app"  # the default; worker.py and starter.py read EMBED_TASK_QUEUE
 BACKSTOP_S = 300  # the child's execution timeout is its own timeout plus this (it may wait for approvals)
