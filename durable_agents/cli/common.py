@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
+import re
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -63,10 +65,46 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors become a one-line ``CliError`` with exit code 2 (instead of argparse's usage dump)."""
+    """Usage errors become a one-line ``CliError`` with exit code 2 (instead of argparse's usage dump).
+
+    A misspelt command or choice gets a "did you mean"; :func:`parse` does the same for a misspelt flag.
+    """
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.search(message)
+        if choice is not None:
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         raise CliError(f"{self.prog}: {message} (see --help)", code=EXIT_USAGE)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+SUGGEST_CUTOFF = 0.6  # difflib's default similarity for a suggestion
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or empty when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an unknown flag is refused with the closest flag of its command."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        flags = _flags(parser, getattr(args, "command", None))
+        hints = [did_you_mean(extra.split("=", 1)[0], flags) for extra in extras if extra.startswith("-")]
+        hint = next((h for h in hints if h), "")
+        parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    return args
+
+
+def _flags(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The long flags of ``command`` (a subcommand of ``parser``), and the parser's own."""
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            parsers.append(action.choices[command])
+    return [flag for p in parsers for action in p._actions for flag in action.option_strings if flag.startswith("--")]
 
 
 # --- what Ctrl-C says ---------------------------------------------------------------------

@@ -43,6 +43,7 @@ from durable_agents.cli.common import (
     reattach_note,
     warn_when_no_worker,
 )
+from durable_agents.cli.names import check_model
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.run import (
     WAITING,
@@ -128,6 +129,7 @@ def add_rewind_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     source_id, step = args.workflow_id, args.step
+    check_model(args.model, settings)  # a misspelt name is a usage error now, not a failed fork later
     handle, desc = await _describe(client, source_id, args.run_id)
     _check_agent_run(desc)
     events = await _history(handle)

@@ -36,6 +36,7 @@ from durable_agents.cli.common import (
     reattach_note,
     warn_when_no_worker,
 )
+from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
@@ -78,6 +79,8 @@ def ui_link(ui_url: str, namespace: str, workflow_id: str, run_id: str | None) -
 
 async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     inp = run_input(args)
+    check_model(inp.model, settings)  # a misspelt name is a usage error now, not a failed run later
+    check_tools(inp.tools, settings)
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = settings.temporal.task_queue
     note = DemoModelNote()

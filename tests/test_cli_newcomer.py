@@ -1,0 +1,70 @@
+"""What a newcomer trips over at the command line: misspelt names and flags, reused ids, printed commands.
+
+Each case runs ``starter.py`` as a real process against the session's dev server (``dev_env``), as
+``tests/test_cli_bad_input.py`` does; its helpers are shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+
+from tests.test_cli_bad_input import address, cli_env, one_line, starter
+
+__all__ = ["address"]  # the fixture, used by name
+
+# --- misspelt names and flags: refused before a workflow is created -----------------------
+
+EXTENSIONS = {
+    "AGENT_TOOL_MODULES": "tests.fakes.slow_tools",
+    "AGENT_PROVIDER_MODULES": "examples.custom_provider.echo_provider",
+}
+MISSPELT: list[tuple[tuple[str, ...], str]] = [
+    (("--model", "opnai:gpt-4o"), "--model 'opnai:gpt-4o': unknown model provider 'opnai' (did you mean 'openai'?)"),
+    (("--model", "antropic:claude"), "(did you mean 'anthropic'?)"),
+    (("--model", "gpt-4o"), "expected PROVIDER:MODEL"),
+    (("--model", "ecko:x"), "(did you mean 'echo'?)"),  # a provider of AGENT_PROVIDER_MODULES
+    (("--tools", "run_pyhton"), "--tools: unknown tool 'run_pyhton' (did you mean 'run_python'?)"),
+    (("--tools", "read_file,slow_lookpu"), "unknown tool 'slow_lookpu' (did you mean 'slow_lookup'?)"),
+    (("--tools", "nothing_like,run_shel"), "unknown tools 'nothing_like', 'run_shel' (did you mean 'run_shell'?)"),
+    (("--folow",), "unrecognized arguments: --folow (did you mean '--follow'?)"),
+    (("--max-setps=3",), "(did you mean '--max-steps'?)"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), MISSPELT, ids=[" ".join(case[0]) for case in MISSPELT])
+async def test_a_misspelt_name_or_flag_is_refused_before_the_run_starts(
+    address: str, dev_env: WorkflowEnvironment, args: tuple[str, ...], says: str
+) -> None:
+    workflow_id = f"misspelt-{uuid.uuid4().hex[:8]}"
+    done = await asyncio.to_thread(starter, cli_env(address, **EXTENSIONS), "run", "x", "--id", workflow_id, *args)
+    one_line(done, 2, says)
+    with pytest.raises(RPCError) as missing:
+        await dev_env.client.get_workflow_handle(workflow_id).describe()
+    assert missing.value.status == RPCStatusCode.NOT_FOUND
+
+
+def test_misspelt_commands_choices_and_fork_models_get_a_suggestion(address: str) -> None:
+    one_line(starter(cli_env(address), "stauts", "x"), 2, "invalid choice: 'stauts'", "(did you mean 'status'?)")
+    resolve = starter(cli_env(address), "resolve", "r", "ap_1", "--as", "retyr", "--reviewer", "a")
+    one_line(resolve, 2, "(did you mean 'retry'?)")
+    fork = starter(cli_env(address), "fork", "no-such-run", "--at-step", "0", "--model", "scriptd:demo")
+    one_line(fork, 2, "unknown model provider 'scriptd' (did you mean 'scripted'?)")
+
+
+async def test_known_names_start_and_mcp_names_are_left_to_the_worker(
+    address: str, dev_env: WorkflowEnvironment
+) -> None:
+    env = cli_env(address, **EXTENSIONS)
+    for args in (
+        ("--model", "openai:gpt-4o", "--tools", "run_python,http_request"),
+        ("--model", "echo:any", "--tools", "slow_lookup,mcp__time__*"),
+    ):
+        workflow_id = f"named-{uuid.uuid4().hex[:8]}"
+        done = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id, *args)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
