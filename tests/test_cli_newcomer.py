@@ -68,3 +68,34 @@ async def test_known_names_start_and_mcp_names_are_left_to_the_worker(
         done = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id, *args)
         assert done.returncode == 0 and done.stderr == "", done.stderr
         await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+# --- ids: a closed run's id is not silently reused -----------------------------------------
+
+
+async def test_the_id_of_a_closed_run_is_refused_unless_reuse_id(address: str, dev_env: WorkflowEnvironment) -> None:
+    env = cli_env(address)
+    workflow_id = f"closed-{uuid.uuid4().hex[:8]}"
+    first = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id)
+    assert first.returncode == 0, first.stderr
+    running = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id)
+    one_line(running, 1, f"a run with id {workflow_id} is already running")
+    await dev_env.client.get_workflow_handle(workflow_id).terminate("closed for the test")
+
+    for command in (("run", "x"), ("fork", workflow_id, "--at-step", "0")):
+        refused = await asyncio.to_thread(starter, env, *command, "--id", workflow_id)
+        line = one_line(refused, 2, f"id {workflow_id} was already used by a run that is terminated", "--reuse-id")
+        assert "started" not in refused.stdout, (line, refused.stdout)
+    described = await dev_env.client.get_workflow_handle(workflow_id).describe()
+    assert described.run_id == first_run_id(first.stdout)  # nothing else started under the id
+
+    reused = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id, "--reuse-id")
+    assert reused.returncode == 0 and reused.stderr == "", reused.stderr
+    assert (await dev_env.client.get_workflow_handle(workflow_id).describe()).run_id != described.run_id
+    await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+def first_run_id(stdout: str) -> str:
+    """The run id in ``starter.py run``'s ui link (its last path segment)."""
+    [link] = [line for line in stdout.splitlines() if "ui: " in line]
+    return link.rstrip("/").rsplit("/", 1)[-1]

@@ -50,6 +50,7 @@ from durable_agents.cli.run import (
     DemoModelNote,
     _follow,
     _report,
+    add_reuse_id_option,
     checked_task,
     start_agent_run,
     static_details,
@@ -90,6 +91,7 @@ def add_fork_command(sub: argparse._SubParsersAction[Any]) -> None:
         help="keep the source's first N steps; the fork's first model turn is step N+1 (0: only the task)",
     )
     fork.add_argument("--id", help="the fork's workflow id (default: RUN_ID-forkN-<random>)")
+    add_reuse_id_option(fork)
     fork.add_argument(
         "--task",
         default=None,
@@ -144,7 +146,8 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     workflow_id = args.id or f"{source_id}-fork{step}-{uuid.uuid4().hex[:6]}"
     task_queue = desc.task_queue  # where the source's workers (and so its run store) are
     on_interrupt(f"fork {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
-    new = await _start_fork(client, inp, workflow_id, task_queue, fork_summary(source_id, step, args.task))
+    summary = fork_summary(source_id, step, args.task)
+    new = await _start_fork(client, inp, workflow_id, task_queue, summary, reuse_id=args.reuse_id)
     on_interrupt(reattach_note(workflow_id))
     print(f"started fork {workflow_id} of {source_id} at step {step} on task queue {task_queue}")
     link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, new.result_run_id)
@@ -189,7 +192,7 @@ def fork_summary(source_id: str, step: int, task: str | None) -> str:
 
 
 async def _start_fork(
-    client: Client, inp: AgentInput, workflow_id: str, task_queue: str, summary: str
+    client: Client, inp: AgentInput, workflow_id: str, task_queue: str, summary: str, *, reuse_id: bool = False
 ) -> WorkflowHandle[Any, Any]:
     """Start the fork, with ``AgentForkOf`` when the namespace has it (without it when the server refuses it)."""
     assert inp.fork is not None
@@ -204,6 +207,7 @@ async def _start_fork(
         details=details,
         search_attributes=attributes,
         what="fork",
+        reuse_id=reuse_id,
     )
 
 
