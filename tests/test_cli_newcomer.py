@@ -7,13 +7,16 @@ Each case runs ``starter.py`` as a real process against the session's dev server
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.test_cli_bad_input import address, cli_env, one_line, starter
+from tests.test_cli_bad_input import ROOT, address, cli_env, one_line, starter
 
 __all__ = ["address"]  # the fixture, used by name
 
@@ -99,3 +102,44 @@ def first_run_id(stdout: str) -> str:
     """The run id in ``starter.py run``'s ui link (its last path segment)."""
     [link] = [line for line in stdout.splitlines() if "ui: " in line]
     return link.rstrip("/").rsplit("/", 1)[-1]
+
+
+# --- the commands it prints work as printed -------------------------------------------------
+
+
+async def test_printed_commands_name_the_interpreter_or_console_script_that_ran(
+    address: str, dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    workflow_id = f"printed-{uuid.uuid4().hex[:8]}"
+    env = cli_env(address, PATH="/usr/bin:/bin")  # the venv is not activated
+    first = await asyncio.to_thread(starter, env, "run", "x", "--id", workflow_id)
+    assert first.returncode == 0, first.stderr
+    script = tmp_path / "bin" / "durable-agents"  # what pip's console script does, under that name
+    script.parent.mkdir()
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from durable_agents.cli.main import run\nfrom durable_agents.client import exit_process\n"
+        "exit_process(run())\n"
+    )
+    script.chmod(0o755)
+    venv = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    cases = [
+        ([sys.executable, str(ROOT / "starter.py")], ROOT, "/usr/bin:/bin", f"{sys.executable} starter.py"),
+        ([sys.executable, str(ROOT / "starter.py")], ROOT, venv, "python starter.py"),
+        ([sys.executable, str(ROOT / "starter.py")], tmp_path, venv, f"python {ROOT / 'starter.py'}"),
+        ([str(script)], tmp_path, f"{script.parent}:/usr/bin:/bin", "durable-agents"),
+        ([str(script)], tmp_path, "/usr/bin:/bin", str(script)),
+    ]
+    for argv, cwd, path, shown in cases:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*argv, "run", "x", "--id", workflow_id],
+            env={**env, "PATH": path},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        line = one_line(done, 1, f"a run with id {workflow_id} is already running")
+        assert line.endswith(f"(watch it: {shown} watch {workflow_id})"), (argv, cwd, path, line)
+    await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")

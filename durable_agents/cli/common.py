@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import functools
 import json
+import os
 import re
+import shlex
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
@@ -107,6 +112,60 @@ def _flags(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
     return [flag for p in parsers for action in p._actions for flag in action.option_strings if flag.startswith("--")]
 
 
+# --- the commands it prints ----------------------------------------------------------------
+
+CONSOLE_SCRIPT = "durable-agents"
+REPO_STARTER = Path(__file__).resolve().parents[2] / "starter.py"
+
+
+def cli_command(words: str) -> str:
+    """``words`` (e.g. ``watch RUN_ID``) as a command a user can paste: this CLI as it was started.
+
+    ``durable-agents ...`` when the process is that console script; else the interpreter actually
+    running (``python`` when that name on PATH is it, else its full path: a venv need not be
+    activated) and the script as it was given (``starter.py`` when it is in the working directory).
+    Called from elsewhere (a test, an embedding app), the console script when it is on PATH, else
+    this checkout's ``starter.py``.
+    """
+    return f"{_invocation()} {words}"
+
+
+@functools.cache
+def _invocation() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name == CONSOLE_SCRIPT:
+        return _program(CONSOLE_SCRIPT, argv0)
+    if argv0.endswith(".py"):
+        return f"{_python()} {shlex.quote(_shortened(argv0))}"
+    on_path = shutil.which(CONSOLE_SCRIPT)
+    if on_path is not None or not REPO_STARTER.exists():
+        return CONSOLE_SCRIPT
+    return f"{_python()} {shlex.quote(_shortened(str(REPO_STARTER)))}"
+
+
+def _python() -> str:
+    for name in ("python", "python3"):
+        if _same_path(shutil.which(name), sys.executable):
+            return name
+    return shlex.quote(sys.executable)
+
+
+def _program(name: str, path: str) -> str:
+    """``name`` when it is on PATH as ``path``, else ``path`` itself."""
+    return name if _same_path(shutil.which(name), path) else shlex.quote(os.path.abspath(path))
+
+
+def _same_path(found: str | None, path: str) -> bool:
+    # Not resolved: a venv's python is a symlink to the system's, which runs without the venv.
+    return found is not None and os.path.abspath(found) == os.path.abspath(path)
+
+
+def _shortened(script: str) -> str:
+    """The script's name when it is in the working directory, else the path as given."""
+    path = Path(script)
+    return path.name if path.is_absolute() and path.parent == Path.cwd() else script
+
+
 # --- what Ctrl-C says ---------------------------------------------------------------------
 
 _interrupt_note = ""
@@ -126,7 +185,7 @@ def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
     since = f" --from {from_offset}" if from_offset else ""
     return (
         f"run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
-        f"reattach with: python starter.py watch {workflow_id}{since}"
+        f"reattach with: {cli_command(f'watch {workflow_id}{since}')}"
     )
 
 

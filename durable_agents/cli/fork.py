@@ -38,6 +38,7 @@ from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,
     CliError,
+    cli_command,
     describe_run,
     on_interrupt,
     reattach_note,
@@ -145,7 +146,7 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     inp = fork_input(source, args)
     workflow_id = args.id or f"{source_id}-fork{step}-{uuid.uuid4().hex[:6]}"
     task_queue = desc.task_queue  # where the source's workers (and so its run store) are
-    on_interrupt(f"fork {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
+    on_interrupt(f"fork {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
     summary = fork_summary(source_id, step, args.task)
     new = await _start_fork(client, inp, workflow_id, task_queue, summary, reuse_id=args.reuse_id)
     on_interrupt(reattach_note(workflow_id))
@@ -262,7 +263,7 @@ async def cmd_rewind(client: Client, args: argparse.Namespace, settings: Setting
     print(f"rewound {workflow_id} to step {step}: new run {response.run_id}")
     print(
         f"next: its model is asked for step {step + 1} again; identical tool calls get their recorded results, "
-        f"and the workspace is restored to step {step} (watch it: python starter.py watch {workflow_id})"
+        f"and the workspace is restored to step {step} (watch it: {cli_command(f'watch {workflow_id}')})"
     )
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from activities.settings import Settings
-from durable_agents.cli.common import EXIT_USAGE, CliError, did_you_mean
+from durable_agents.cli.common import EXIT_USAGE, CliError, cli_command, did_you_mean
 from workflows.types import MCP_PREFIX
 
 SHOWN = 12  # names listed in a refusal; more are counted
@@ -51,7 +51,7 @@ def check_tools(tools: Sequence[str] | None, settings: Settings) -> None:
     shown = ", ".join(sorted(known)[:SHOWN]) + (f" and {len(known) - SHOWN} more" if len(known) > SHOWN else "")
     raise CliError(
         f"--tools: unknown tool{'s' if len(unknown) > 1 else ''} {named}; this environment offers {shown} "
-        f"(MCP tools are {MCP_PREFIX}SERVER__TOOL; see starter.py tools)",
+        f"(MCP tools are {MCP_PREFIX}SERVER__TOOL; see {cli_command('tools')})",
         code=EXIT_USAGE,
     )
 

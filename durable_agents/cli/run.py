@@ -30,6 +30,7 @@ from durable_agents.cli.common import (
     QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
+    cli_command,
     name_list,
     on_interrupt,
     positive_int,
@@ -95,7 +96,7 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = settings.temporal.task_queue
     note = DemoModelNote()
-    on_interrupt(f"run {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
+    on_interrupt(f"run {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
     handle = await start_agent_run(
         client,
         inp,
@@ -493,7 +494,7 @@ async def _taken(client: Client, workflow_id: str, what: str) -> CliError:
         status = None
     if status in (None, WorkflowExecutionStatus.RUNNING):
         return CliError(
-            f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
+            f"a run with id {workflow_id} is already running (watch it: {cli_command(f'watch {workflow_id}')})"
         )
     return CliError(
         f"id {workflow_id} was already used by a run that is {temporal_state(status)}; pass --reuse-id to start "
