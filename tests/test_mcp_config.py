@@ -107,3 +107,24 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
 def test_no_configuration_means_no_servers() -> None:
     config = load_mcp_config(Settings())
     assert not config and config.servers == {}
+
+
+def test_a_command_is_found_on_path_then_beside_the_running_python(tmp_path: Path) -> None:
+    """``mcp-server-time`` from the worker's venv starts with the venv not activated (its bin not on PATH)."""
+    venv_bin = Path(PYTHON).parent
+    assert (venv_bin / "mcp-server-time").exists()  # installed in the venv the tests run in
+    document = {"mcpServers": {"time": {"command": "mcp-server-time"}}}
+    without_venv = replace(settings_with(tmp_path, document), environ={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert load_mcp_config(without_venv).servers["time"].command == str(venv_bin / "mcp-server-time")
+
+    own = tmp_path / "bin"
+    own.mkdir()
+    (own / "mcp-server-time").write_text("#!/bin/sh\n")
+    (own / "mcp-server-time").chmod(0o755)
+    on_path = replace(without_venv, environ={"PATH": f"{own}:/usr/bin:/bin"})
+    assert load_mcp_config(on_path).servers["time"].command == str(own / "mcp-server-time")  # PATH first
+
+    missing = settings_with(tmp_path, {"mcpServers": {"x": {"command": "no-such-mcp-server-binary"}}})
+    with pytest.raises(ConfigurationError) as caught:
+        load_mcp_config(missing)
+    assert f"nor beside its Python ({venv_bin})" in str(caught.value)

@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
+from durable_agents.cli.common import cli_command
 from durable_agents.cli.watch import EventPrinter, watch
 from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
@@ -115,9 +116,9 @@ async def test_watch_shows_approvals_with_the_commands(
     text = out.getvalue()
     lines = text.splitlines()
     [request] = [i for i, line in enumerate(lines) if " approval_requested: " in line]
-    assert lines[request + 1].strip().startswith(f"python starter.py approve {workflow_id} ap_")
+    assert lines[request + 1].strip().startswith(cli_command(f"approve {workflow_id} ap_"))
     assert "temporal workflow signal --workflow-id" in lines[request + 2]
-    assert lines[request + 3].strip().startswith(f"python starter.py reject {workflow_id} ap_")
+    assert lines[request + 3].strip().startswith(cli_command(f"reject {workflow_id} ap_"))
     assert any(" approval_decided: " in line and "approved by wendy" in line for line in lines), text
     assert lines[-1].endswith("finished: finished: completed")
 

@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.approvals import ApprovalBook, Outcome, Problem, Verdict
+    from workflows.approvals import ALREADY_DECIDED, ApprovalBook, Outcome, Problem, Verdict
     from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, quote, safe
     from workflows.limits import deadline, limit_reason
@@ -315,19 +315,22 @@ class AgentWorkflow:
     @decide_update.validator
     @one_payload
     def _validate_decide(self, raw: DecideInput = NO_PAYLOAD, *extra: Any) -> None:
-        # Refused updates never reach history (so they cannot be counted); the caller gets the reason at once.
+        # Refused updates never reach history (so they cannot be counted); the caller gets the reason at once,
+        # as a non-retryable failure: asking again cannot change the answer. A decision for an approval that
+        # was already decided is not refused here: the handler answers it ``accepted: false`` (a reviewer who
+        # lost a race, or a retried request, gets an answer rather than an error).
         request = decode(raw, DecideRequest, extra)
         if isinstance(request, str):
             workflow.logger.warning("refused decide update: %s", request)
-            raise ValueError(f"malformed decide request: {request}")
+            raise ApplicationError(f"malformed decide request: {request}", type="DecisionRefused", non_retryable=True)
         problem = self._book.problem(
             request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
         )
-        if problem is not None:
+        if problem is not None and problem.kind != ALREADY_DECIDED:
             workflow.logger.warning(
                 "refused %s by %s via update: %s", request.decision, quote(request.reviewer), problem.text
             )
-            raise ValueError(problem.text)
+            raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
 
     async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
         aid = request.approval_id
@@ -344,7 +347,7 @@ class AgentWorkflow:
                 f"refused {request.decision} by {quote(request.reviewer)} via {source}: {problem.text}",
                 approval_id=aid,
             )
-            if source == "update":
+            if source == "update" and problem.kind != ALREADY_DECIDED:
                 raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
             return DecideResult(accepted=False, message=problem.text)
         outcome: Outcome = _OUTCOMES[request.decision]

@@ -22,6 +22,7 @@ DECISIONS = {
 }
 
 
+ALREADY_DECIDED = "already_decided"  # the one refusal a ``decide`` update answers (accepted: false), not fails
 REFUSED_KEPT = 20  # refusal messages the status view lists; all of them are counted
 
 
@@ -57,7 +58,7 @@ class ApprovalBook:
         """Why a decision must be refused, or None when it may be recorded (signature aside)."""
         if approval_id in self.decided:
             return Problem(
-                "already_decided", f"approval {approval_id} was already decided ({self.decided[approval_id].outcome})"
+                ALREADY_DECIDED, f"approval {approval_id} was already decided ({self.decided[approval_id].outcome})"
             )
         if approval_id not in self.pending:
             shown = approval_id if approval_id.isprintable() else quote(approval_id)

@@ -12,7 +12,7 @@ Values in ``env`` and ``headers`` may reference the worker's environment as ``${
 there, and every header value, is treated as a secret (redacted from logs, tool results and
 history). ``command``, ``args``, ``cwd`` and ``url`` may use references too (for paths; their values
 are not treated as secrets). A ``command`` without a ``/`` is looked up on the worker's ``PATH`` at
-load and started by its absolute path.
+load, then beside the running Python (a venv's ``bin``, activated or not), and started by its absolute path.
 
 Our own fields, all optional: ``recovery`` (``unknown`` or ``idempotent_by_key``, for the server or
 per tool), ``per_run`` (one process per run, for stateful servers), ``timeout_s`` (of a call),
@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -191,7 +192,8 @@ def _expand(value: str, settings: Settings, where: str, secrets: list[str]) -> s
 
 
 def _executable(server: McpServerConfig, settings: Settings, where: str) -> str:
-    """The command as an absolute path, found the way the worker's shell would (its ``PATH``), or refused."""
+    """The command as an absolute path, found the way the worker's shell would (its ``PATH``), else beside the
+    running interpreter (``mcp-server-time`` in the worker's venv, not activated), or refused."""
     command = server.command
     if os.sep in command:
         path = Path(server.cwd or ".") / command
@@ -199,6 +201,11 @@ def _executable(server: McpServerConfig, settings: Settings, where: str) -> str:
             raise ConfigurationError(f"{where}: {command!r} is not an executable file")
         return str(path.absolute())  # never resolve symlinks: a venv's python is one
     found = shutil.which(command, path=settings.variable("PATH") or None)
+    if found is None:  # a console script installed beside the worker (its venv's bin), venv activated or not
+        found = shutil.which(command, path=str(Path(sys.executable).parent))
     if found is None:
-        raise ConfigurationError(f"{where}: {command!r} is not found on the worker's PATH")
+        raise ConfigurationError(
+            f"{where}: {command!r} is not found on the worker's PATH nor beside its Python "
+            f"({Path(sys.executable).parent})"
+        )
     return str(Path(found).absolute())

@@ -7,6 +7,7 @@ import shlex
 from datetime import UTC, datetime
 from typing import Any
 
+from durable_agents.cli.common import cli_command
 from durable_agents.cli.owners import Owned
 from workflows.call_view import args_digest, call_lines
 from workflows.types import PendingApproval
@@ -83,7 +84,7 @@ def decide_commands(workflow_id: str, approval_id: str, reviewer: str) -> tuple[
     run, who = shlex.quote(workflow_id), shlex.quote(reviewer)
     signal_input = shlex.quote(json.dumps({"approval_id": approval_id, "reviewer": reviewer}))
     return (
-        f"python starter.py approve {run} {approval_id} --reviewer {who}",
+        cli_command(f"approve {run} {approval_id} --reviewer {who}"),
         f"temporal workflow signal --workflow-id {run} --name approve --input {signal_input}",
-        f"python starter.py reject {run} {approval_id} --reviewer {who} --reason '...'",
+        cli_command(f"reject {run} {approval_id} --reviewer {who} --reason '...'"),
     )

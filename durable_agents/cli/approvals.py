@@ -47,6 +47,7 @@ from durable_agents.cli.common import (
     NoAnswer,
     ask_status,
     bounded,
+    cli_command,
     describe_run,
     ended_state,
     interrupt_note,
@@ -431,8 +432,8 @@ async def send_decision(
     handle = client.get_workflow_handle(workflow_id)
     before = interrupt_note()  # run --follow's reattach note, restored once the decision is answered
     on_interrupt(
-        f"the {decision} decision may or may not have reached run {workflow_id}: see python starter.py "
-        f"pending {workflow_id}"
+        f"the {decision} decision may or may not have reached run {workflow_id}: see "
+        + cli_command(f"pending {workflow_id}")
     )
     try:
         # cast: the SDK's overloads type an update decorated with a validator as returning a coroutine
@@ -449,7 +450,7 @@ async def send_decision(
         reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
         raise CliError(
             f"run {workflow_id}: no answer to the decision ({reason}); it may still take effect: "
-            f"see python starter.py pending {workflow_id}"
+            f"see {cli_command(f'pending {workflow_id}')}"
         ) from None
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import functools
 import json
+import os
+import re
+import shlex
+import shutil
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
@@ -63,10 +70,100 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors become a one-line ``CliError`` with exit code 2 (instead of argparse's usage dump)."""
+    """Usage errors become a one-line ``CliError`` with exit code 2 (instead of argparse's usage dump).
+
+    A misspelt command or choice gets a "did you mean"; :func:`parse` does the same for a misspelt flag.
+    """
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.search(message)
+        if choice is not None:
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         raise CliError(f"{self.prog}: {message} (see --help)", code=EXIT_USAGE)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+SUGGEST_CUTOFF = 0.6  # difflib's default similarity for a suggestion
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or empty when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an unknown flag is refused with the closest flag of its command."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        flags = _flags(parser, getattr(args, "command", None))
+        hints = [did_you_mean(extra.split("=", 1)[0], flags) for extra in extras if extra.startswith("-")]
+        hint = next((h for h in hints if h), "")
+        parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    return args
+
+
+def _flags(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The long flags of ``command`` (a subcommand of ``parser``), and the parser's own."""
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            parsers.append(action.choices[command])
+    return [flag for p in parsers for action in p._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+# --- the commands it prints ----------------------------------------------------------------
+
+CONSOLE_SCRIPT = "durable-agents"
+REPO_STARTER = Path(__file__).resolve().parents[2] / "starter.py"
+
+
+def cli_command(words: str) -> str:
+    """``words`` (e.g. ``watch RUN_ID``) as a command a user can paste: this CLI as it was started.
+
+    ``durable-agents ...`` when the process is that console script; else the interpreter actually
+    running (``python`` when that name on PATH is it, else its full path: a venv need not be
+    activated) and the script as it was given (``starter.py`` when it is in the working directory).
+    Called from elsewhere (a test, an embedding app), the console script when it is on PATH, else
+    this checkout's ``starter.py``.
+    """
+    return f"{_invocation()} {words}"
+
+
+@functools.cache
+def _invocation() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name == CONSOLE_SCRIPT:
+        return _program(CONSOLE_SCRIPT, argv0)
+    if argv0.endswith(".py"):
+        return f"{_python()} {shlex.quote(_shortened(argv0))}"
+    on_path = shutil.which(CONSOLE_SCRIPT)
+    if on_path is not None or not REPO_STARTER.exists():
+        return CONSOLE_SCRIPT
+    return f"{_python()} {shlex.quote(_shortened(str(REPO_STARTER)))}"
+
+
+def _python() -> str:
+    for name in ("python", "python3"):
+        if _same_path(shutil.which(name), sys.executable):
+            return name
+    return shlex.quote(sys.executable)
+
+
+def _program(name: str, path: str) -> str:
+    """``name`` when it is on PATH as ``path``, else ``path`` itself."""
+    return name if _same_path(shutil.which(name), path) else shlex.quote(os.path.abspath(path))
+
+
+def _same_path(found: str | None, path: str) -> bool:
+    # Not resolved: a venv's python is a symlink to the system's, which runs without the venv.
+    return found is not None and os.path.abspath(found) == os.path.abspath(path)
+
+
+def _shortened(script: str) -> str:
+    """The script's name when it is in the working directory, else the path as given."""
+    path = Path(script)
+    return path.name if path.is_absolute() and path.parent == Path.cwd() else script
 
 
 # --- what Ctrl-C says ---------------------------------------------------------------------
@@ -88,7 +185,7 @@ def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
     since = f" --from {from_offset}" if from_offset else ""
     return (
         f"run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
-        f"reattach with: python starter.py watch {workflow_id}{since}"
+        f"reattach with: {cli_command(f'watch {workflow_id}{since}')}"
     )
 
 

@@ -38,17 +38,20 @@ from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,
     CliError,
+    cli_command,
     describe_run,
     on_interrupt,
     reattach_note,
     warn_when_no_worker,
 )
+from durable_agents.cli.names import check_model
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.run import (
     WAITING,
     DemoModelNote,
     _follow,
     _report,
+    add_reuse_id_option,
     checked_task,
     start_agent_run,
     static_details,
@@ -89,6 +92,7 @@ def add_fork_command(sub: argparse._SubParsersAction[Any]) -> None:
         help="keep the source's first N steps; the fork's first model turn is step N+1 (0: only the task)",
     )
     fork.add_argument("--id", help="the fork's workflow id (default: RUN_ID-forkN-<random>)")
+    add_reuse_id_option(fork)
     fork.add_argument(
         "--task",
         default=None,
@@ -128,6 +132,7 @@ def add_rewind_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     source_id, step = args.workflow_id, args.step
+    check_model(args.model, settings)  # a misspelt name is a usage error now, not a failed fork later
     handle, desc = await _describe(client, source_id, args.run_id)
     _check_agent_run(desc)
     events = await _history(handle)
@@ -141,8 +146,9 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     inp = fork_input(source, args)
     workflow_id = args.id or f"{source_id}-fork{step}-{uuid.uuid4().hex[:6]}"
     task_queue = desc.task_queue  # where the source's workers (and so its run store) are
-    on_interrupt(f"fork {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
-    new = await _start_fork(client, inp, workflow_id, task_queue, fork_summary(source_id, step, args.task))
+    on_interrupt(f"fork {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
+    summary = fork_summary(source_id, step, args.task)
+    new = await _start_fork(client, inp, workflow_id, task_queue, summary, reuse_id=args.reuse_id)
     on_interrupt(reattach_note(workflow_id))
     print(f"started fork {workflow_id} of {source_id} at step {step} on task queue {task_queue}")
     link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, new.result_run_id)
@@ -187,7 +193,7 @@ def fork_summary(source_id: str, step: int, task: str | None) -> str:
 
 
 async def _start_fork(
-    client: Client, inp: AgentInput, workflow_id: str, task_queue: str, summary: str
+    client: Client, inp: AgentInput, workflow_id: str, task_queue: str, summary: str, *, reuse_id: bool = False
 ) -> WorkflowHandle[Any, Any]:
     """Start the fork, with ``AgentForkOf`` when the namespace has it (without it when the server refuses it)."""
     assert inp.fork is not None
@@ -202,6 +208,7 @@ async def _start_fork(
         details=details,
         search_attributes=attributes,
         what="fork",
+        reuse_id=reuse_id,
     )
 
 
@@ -256,7 +263,7 @@ async def cmd_rewind(client: Client, args: argparse.Namespace, settings: Setting
     print(f"rewound {workflow_id} to step {step}: new run {response.run_id}")
     print(
         f"next: its model is asked for step {step + 1} again; identical tool calls get their recorded results, "
-        f"and the workspace is restored to step {step} (watch it: python starter.py watch {workflow_id})"
+        f"and the workspace is restored to step {step} (watch it: {cli_command(f'watch {workflow_id}')})"
     )
     return 0
 

@@ -2,11 +2,14 @@
 
 The environment is read once, by ``Settings.from_env()``, after the arguments
 parsed; each command gets the connected client, its arguments and the settings.
-The starter never imports operator modules (``AGENT_TOOL_MODULES``,
-``AGENT_PROVIDER_MODULES``): those are the worker's. The one exception is
-``tools``, a local command (no Temporal connection) that shows what a worker with
-this environment would offer, so it loads the tool modules and starts the MCP
-servers the way a worker does.
+The starter does not import operator modules (``AGENT_TOOL_MODULES``,
+``AGENT_PROVIDER_MODULES``): those are the worker's. Two exceptions: ``tools``, a
+local command (no Temporal connection) that shows what a worker with this
+environment would offer, so it loads the tool modules and starts the MCP servers
+the way a worker does; and ``run`` / ``fork`` given a ``--model`` or ``--tools``
+that is not a built-in one, which load them to check the name before the run
+starts (``durable_agents/cli/names.py``: a misspelt name is exit 2 with a "did you
+mean"). A misspelt command, choice or flag gets a "did you mean" too.
 
 A user never sees a traceback. Every failure is one line on stderr, and the exit
 code says which kind it was:
@@ -57,6 +60,7 @@ from durable_agents.cli.common import (
     Parser,
     check_text_arguments,
     interrupt_note,
+    parse,
 )
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.run import add_command as add_run_command
@@ -128,7 +132,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
 async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     """Parse, configure, connect and run one command; the exit code (see the module docstring)."""
     try:
-        args = build_parser(prog).parse_args(argv)
+        args = parse(build_parser(prog), argv)
         check_text_arguments(args)
         settings = Settings.from_env()
         # Library warnings only, on stderr: stdout is the command's output.

@@ -16,7 +16,7 @@ from temporalio.service import RPCError
 
 from durable_agents.cli.approval_text import decide_commands, time_left, who_decides
 from durable_agents.cli.approvals import Decision, running_view, send_decision
-from durable_agents.cli.common import QUERY_TIMEOUT, CliError
+from durable_agents.cli.common import QUERY_TIMEOUT, CliError, cli_command
 from durable_agents.cli.owners import owned, tree
 from workflows.call_view import call_lines
 from workflows.types import PendingApproval
@@ -82,7 +82,7 @@ class FollowReviewer:
         print(f"       or: {signal}")
         if self.approval_key is not None:
             print("           (unsigned: refused by workers that require signed decisions)")
-        print(f"           (a signal gets no answer: python starter.py status {self.workflow_id} lists refusals)")
+        print(f"           (a signal gets no answer: {cli_command(f'status {self.workflow_id}')} lists refusals)")
         print(f"   reject: {reject}", flush=True)
 
     async def _review_queue(self) -> None:

@@ -13,11 +13,12 @@ from pydantic import ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
-from temporalio.common import TypedSearchAttributes
+from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -29,13 +30,16 @@ from durable_agents.cli.common import (
     QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
+    cli_command,
     name_list,
     on_interrupt,
     positive_int,
     print_json,
     reattach_note,
+    temporal_state,
     warn_when_no_worker,
 )
+from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
@@ -60,6 +64,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     # Empty by default: the worker runs the run on its own default model (its AGENT_MODEL).
     run.add_argument("--model", default="", help="e.g. openai:gpt-4o-mini (default: the worker's)")
     run.add_argument("--id", dest="workflow_id", help="workflow id (default: agent-<random>)")
+    add_reuse_id_option(run)
     run.add_argument("--max-steps", type=positive_int, help="model turns before limit_exceeded")
     run.add_argument("--timeout", type=positive_int, dest="timeout_s", help="run deadline in seconds")
     run.add_argument("--tools", type=name_list, help="comma-separated tool names (default: all)")
@@ -71,6 +76,14 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     add_run_options(run)
 
 
+def add_reuse_id_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reuse-id",
+        action="store_true",
+        help="allow --id to name a closed run: start another run under its id (default: refused)",
+    )
+
+
 def ui_link(ui_url: str, namespace: str, workflow_id: str, run_id: str | None) -> str:
     base = ui_url.rstrip("/")
     return f"{base}/namespaces/{namespace}/workflows/{workflow_id}/{run_id or ''}".rstrip("/")
@@ -78,12 +91,20 @@ def ui_link(ui_url: str, namespace: str, workflow_id: str, run_id: str | None) -
 
 async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     inp = run_input(args)
+    check_model(inp.model, settings)  # a misspelt name is a usage error now, not a failed run later
+    check_tools(inp.tools, settings)
     workflow_id = args.workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
     task_queue = settings.temporal.task_queue
     note = DemoModelNote()
-    on_interrupt(f"run {workflow_id} may or may not have started: see python starter.py status {workflow_id}")
+    on_interrupt(f"run {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
     handle = await start_agent_run(
-        client, inp, workflow_id, task_queue, summary=static_summary(inp), details=static_details(inp)
+        client,
+        inp,
+        workflow_id,
+        task_queue,
+        summary=static_summary(inp),
+        details=static_details(inp),
+        reuse_id=args.reuse_id,
     )
     on_interrupt(reattach_note(workflow_id))
     if not args.json:
@@ -430,11 +451,15 @@ async def start_agent_run(
     details: str,
     search_attributes: TypedSearchAttributes = TypedSearchAttributes.empty,
     what: str = "run",
+    reuse_id: bool = False,
 ) -> WorkflowHandle[Any, Any]:
     """Start ``AgentWorkflow``; a taken id or a refusal is one ``CliError`` line.
 
-    ``search_attributes`` the namespace does not have are dropped (the run starts without them).
+    An id whose run is running is refused (exit 1); one whose run is closed too (exit 2), unless
+    ``reuse_id`` (``--reuse-id``): then another run starts under it. ``search_attributes`` the
+    namespace does not have are dropped (the run starts without them).
     """
+    policy = WorkflowIDReusePolicy.ALLOW_DUPLICATE if reuse_id else WorkflowIDReusePolicy.REJECT_DUPLICATE
     while True:
         try:
             return await client.start_workflow(
@@ -445,11 +470,10 @@ async def start_agent_run(
                 static_summary=summary,
                 static_details=details,
                 search_attributes=search_attributes,
+                id_reuse_policy=policy,
             )
         except WorkflowAlreadyStartedError:
-            raise CliError(
-                f"a run with id {workflow_id} is already running (watch it: python starter.py watch {workflow_id})"
-            ) from None
+            raise await _taken(client, workflow_id, what) from None
         except RPCError as err:
             if err.status == RPCStatusCode.ALREADY_EXISTS:
                 raise CliError(f"a run with id {workflow_id} is already running") from None
@@ -459,3 +483,21 @@ async def start_agent_run(
                     continue
                 raise CliError(f"Temporal refused to start the {what}: {err.message}", code=EXIT_USAGE) from None
             raise
+
+
+async def _taken(client: Client, workflow_id: str, what: str) -> CliError:
+    """Why ``workflow_id`` cannot be started: its run is running (exit 1), or closed and not to be reused (exit 2)."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
+        status = desc.status
+    except (RPCError, RPCTimeoutOrCancelledError):
+        status = None
+    if status in (None, WorkflowExecutionStatus.RUNNING):
+        return CliError(
+            f"a run with id {workflow_id} is already running (watch it: {cli_command(f'watch {workflow_id}')})"
+        )
+    return CliError(
+        f"id {workflow_id} was already used by a run that is {temporal_state(status)}; pass --reuse-id to start "
+        f"another {what} under it, or choose another --id",
+        code=EXIT_USAGE,
+    )

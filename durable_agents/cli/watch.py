@@ -41,6 +41,7 @@ from durable_agents.cli.approval_text import decide_commands
 from durable_agents.cli.common import (
     PROBE_TIMEOUT,
     CliError,
+    cli_command,
     describe_run,
     ended_state,
     event_offset,
@@ -337,5 +338,5 @@ async def _readable_after_the_end(
     )
     raise CliError(
         f"run {desc.id} has ended ({state}); its progress events are read from a worker, and {why}; "
-        f"its outcome: python starter.py status {desc.id}"
+        f"its outcome: {cli_command(f'status {desc.id}')}"
     )
