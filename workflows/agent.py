@@ -81,7 +81,6 @@ else:
 REFUSAL_EVENTS = 20
 REFUSAL_EVENT_EVERY = 100
 REFUSAL_LINES_PER_TASK = 5  # log lines of refusals one activation writes at most (the status counts them all)
-# Refusals logged one line each per activation; the rest of a flood is summed up in one line.
 
 MODEL_TIMEOUT = timedelta(seconds=180)
 MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
