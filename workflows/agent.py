@@ -557,6 +557,7 @@ class AgentWorkflow:
             mcp_snapshot=config.mcp_snapshot,
             mcp_per_run=config.mcp_per_run,
             cost_tracked=config.cost_tracked,
+            fail_workflow_on_error=config.fail_workflow_on_error,
             budget=inp.budget
             or (
                 TreeBudget(
