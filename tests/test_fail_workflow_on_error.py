@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
@@ -21,11 +22,11 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from activities.settings import Settings
 from tests.conftest import WorkerFactory, start_agent, with_settings
-from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_cli_bad_input import by_task, clean, cli_env, starter
 from workflows.agent import AgentWorkflow
 from workflows.run_failure import AGENT_RUN_FAILED, result_of_failure
-from workflows.types import AgentResult, Limits, StatusView
+from workflows.types import AgentResult, Limits, StatusView, SubagentDef
 
 
 @pytest.fixture
@@ -166,3 +167,37 @@ async def test_the_cli_shows_the_result_of_a_failed_workflow(
             clean(watched)
             assert "finished: limit_exceeded" in watched.stdout, (watched.stdout, watched.stderr)
         assert on_watch.returncode == off_watch.returncode
+
+
+def _delegating_model(body: dict[str, Any]) -> Scripted:
+    """The parent hands the task to ``helper``, then answers with its result; the helper calls a failing tool."""
+    messages = body["messages"]
+    if messages[0]["content"] == "You are the helper.":
+        return Scripted(tool_calls=[("always_fails", "{}")])
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if results:
+        return Scripted(text="parent saw: " + " | ".join(results))
+    return Scripted(tool_calls=[("helper", json.dumps({"task": "help"}))])
+
+
+async def test_a_parent_reads_a_failed_childs_result_from_the_failure(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    client = dev_env.client
+    llm.default = _delegating_model
+    helper = SubagentDef(
+        description="Helps.", system_prompt="You are the helper.", tools=["always_fails"], limits=Limits(max_steps=1)
+    )
+    async with run_worker(client, with_settings(runtime, fail_workflow_on_error=True)) as task_queue:
+        parent = await start_agent(client, task_queue, id_prefix="flag-parent", subagents={"helper": helper})
+        result = await parent.result()
+        child_id = f"{parent.id}/helper/s1c0"
+        _, child = await _failure(client, child_id)
+
+    assert child.status == "limit_exceeded"
+    assert (await client.get_workflow_handle(child_id).describe()).status == WorkflowExecutionStatus.FAILED
+    # The parent got the child's own result (not "sub-agent failed"), and its usage.
+    assert result.status == "completed", result.output
+    assert f"[sub-agent helper ({child_id}) ended limit_exceeded after 1 steps]" in result.output
+    assert "failed:" not in result.output
+    assert result.usage.input_tokens == child.usage.input_tokens + 20  # the parent's two turns, 10 each

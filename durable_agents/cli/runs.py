@@ -3,7 +3,9 @@
 Each shows the agent's own status (``completed``, ``failed``, ``cancelled``,
 ``limit_exceeded``, ``waiting_approval`` ...), not Temporal's: a run that ends
 ``failed`` or ``cancelled`` still returns an ``AgentResult``, so Temporal says
-``completed`` for it. ``status`` answers within seconds with no worker: it then
+``completed`` for it (with ``AGENT_FAIL_WORKFLOW_ON_ERROR=1`` a failed or
+limit_exceeded run fails its workflow instead: its result is read from the
+failure's details and shown the same way). ``status`` answers within seconds with no worker: it then
 shows what the run last recorded (its search attributes) and says why no worker
 answered.
 """
