@@ -219,6 +219,9 @@ class Settings:
     mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
     approval_key: SecretStr | None = None
     allow_fork_input: bool = True  # AGENT_ALLOW_FORK_INPUT=0: a run input's ``fork`` is refused (fork_prepare)
+    # AGENT_FAIL_WORKFLOW_ON_ERROR=1: a run that ends failed or limit_exceeded fails its workflow (the
+    # AgentResult in the failure's details) instead of completing with it; taken at each run's start.
+    fail_workflow_on_error: bool = False
     reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
     # The rest of the environment, for operator extensions (``variable``); never printed.
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
@@ -290,6 +293,7 @@ class Settings:
             mcp_config=reader.text("AGENT_MCP_CONFIG"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
             allow_fork_input=reader.flag("AGENT_ALLOW_FORK_INPUT", True),
+            fail_workflow_on_error=reader.flag("AGENT_FAIL_WORKFLOW_ON_ERROR"),
             reviewer=reader.text("USER") or "cli",
             environ=MappingProxyType(env),
         )

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
     from workflows.progress import FORK_OF, PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
+    from workflows.run_failure import FAILING_STATUSES, run_failed_error
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
     from workflows.types import (
@@ -446,7 +447,7 @@ class AgentWorkflow:
             on_child_ended=self._child_ended,
         )
         try:
-            return await self._loop(inp, carry)
+            result = await self._loop(inp, carry)
         except (asyncio.CancelledError, ActivityError, ChildWorkflowError) as err:
             if not is_cancelled_exception(err):
                 raise
@@ -455,6 +456,14 @@ class AgentWorkflow:
             report = await asyncio.shield(asyncio.ensure_future(self._compensate(carry)))
             await asyncio.shield(asyncio.ensure_future(self._cleanup(carry)))
             return self._finish("cancelled", "the run was cancelled." + report + self._children_report())
+        # AGENT_FAIL_WORKFLOW_ON_ERROR=1 (taken by run_config at the run's start, kept in the carry): a failed
+        # or limit_exceeded run fails its workflow, the result in the failure's details; ``_finish`` set the
+        # status view and search attributes first. Only the run's final command differs (fail instead of
+        # complete), and only for runs started with the flag on, so no ``workflow.patched`` is needed:
+        # recorded runs have the flag off in their run_config result and replay unchanged.
+        if carry.fail_workflow_on_error and result.status in FAILING_STATUSES:
+            raise run_failed_error(result)
+        return result
 
     def _children_report(self) -> str:
         """What each sub-agent this run started did (each compensated and cleaned up in its own run)."""
@@ -547,6 +556,7 @@ class AgentWorkflow:
             mcp_snapshot=config.mcp_snapshot,
             mcp_per_run=config.mcp_per_run,
             cost_tracked=config.cost_tracked,
+            fail_workflow_on_error=config.fail_workflow_on_error,
             budget=inp.budget
             or (
                 TreeBudget(

@@ -31,6 +31,7 @@ from workflows.identity import sandbox_id_for
 from workflows.inputs import problems
 from workflows.limits import deadline
 from workflows.narration import cause_text
+from workflows.run_failure import result_of_failure
 from workflows.types import (
     MAX_RUN_INPUT_BYTES,
     MAX_TURN_CHILD_INPUT_BYTES,
@@ -157,8 +158,11 @@ class Delegator:
             if is_cancelled_exception(err):
                 self.children[child_id] = "cancelled"
                 raise
-            self.children[child_id] = f"failed: {cause_text(err)[:200]}"
-            return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
+            failed = result_of_failure(err)  # a child that ended failed or limit_exceeded with the flag on
+            if failed is None:
+                self.children[child_id] = f"failed: {cause_text(err)[:200]}"
+                return f"Error: sub-agent {call.name} ({child_id}) failed: {cause_text(err)}", False
+            result = failed
         except asyncio.CancelledError:
             self.children[child_id] = "cancel requested (it compensates and cleans up on its own)"
             raise

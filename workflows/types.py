@@ -187,6 +187,8 @@ class Carry(BaseModel):
     # workflow needs of them (no system prompt, model or tools: the child resolves those from the digest).
     subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
     cost_tracked: bool = True  # RunConfig.cost_tracked, shown by ``status`` after continue-as-new too
+    # RunConfig.fail_workflow_on_error: a failed or limit_exceeded end fails the workflow (AgentRunFailed).
+    fail_workflow_on_error: bool = False
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -448,6 +450,7 @@ class RunConfig(BaseModel):
     max_subagent_calls: int = 0  # AGENT_MAX_SUBAGENT_CALLS_PER_TURN (0: any number)
     max_depth: int = MAX_DEPTH  # AGENT_MAX_DEPTH
     cost_tracked: bool = True  # False: the model has no price (its turns cost $0; max_cost_usd cannot stop it)
+    fail_workflow_on_error: bool = False  # AGENT_FAIL_WORKFLOW_ON_ERROR (see ``Carry``)
 
 
 class ModelRequest(BaseModel):

@@ -135,6 +135,7 @@ class ModelActivities:
             max_depth=settings.max_depth,
             notes=[unpriced, *mcp.notes] if unpriced else mcp.notes,
             cost_tracked=not unpriced,
+            fail_workflow_on_error=settings.fail_workflow_on_error,
         )
 
     async def _own_definition(

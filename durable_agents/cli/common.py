@@ -32,6 +32,7 @@ from temporalio.client import (
     WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
@@ -42,6 +43,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.settings import Settings
 from workflows.agent import AgentWorkflow
 from workflows.progress import STATE
+from workflows.run_failure import result_of_failure
 from workflows.types import AgentResult, StatusView
 
 # Exit codes (documented in durable_agents/cli/main.py and the README's CLI section).
@@ -406,8 +408,13 @@ async def ended_state(
 
     Temporal says ``completed`` for all four (the workflow returns an ``AgentResult``
     either way); the ``AgentState`` search attribute says which, and without it the
-    result does. Runs that did not return (failed, terminated, timed out) keep Temporal's word.
+    result does. A run started with ``AGENT_FAIL_WORKFLOW_ON_ERROR=1`` that ended failed or
+    limit_exceeded failed its workflow: its result is in the failure. Runs that did not
+    return otherwise (failed, terminated, timed out) keep Temporal's word.
     """
+    if status == WorkflowExecutionStatus.FAILED:
+        result = await closed_result(client, workflow_id, run_id)
+        return result.status if result is not None else temporal_state(status)
     if status != WorkflowExecutionStatus.COMPLETED:
         return temporal_state(status)
     if search_attributes is not None and (state := recorded_state(search_attributes)) in (
@@ -423,6 +430,19 @@ async def ended_state(
     except (RPCError, RPCTimeoutOrCancelledError, TemporalError, ValueError, TypeError):
         return "completed"
     return result.status if isinstance(result, AgentResult) else "completed"
+
+
+async def closed_result(client: Client, workflow_id: str, run_id: str | None) -> AgentResult | None:
+    """A closed run's ``AgentResult``: returned, or in the failure of a run that failed its workflow
+    (``AGENT_FAIL_WORKFLOW_ON_ERROR=1``, ``AgentRunFailed``); None when it has none (or it cannot be read)."""
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=AgentResult)
+    try:
+        result = await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
+    except WorkflowFailureError as err:
+        return result_of_failure(err)
+    except (RPCError, RPCTimeoutOrCancelledError, TemporalError, ValueError, TypeError):
+        return None
+    return result if isinstance(result, AgentResult) else None
 
 
 async def warn_when_no_worker(client: Client, workflow_id: str, task_queue: str, *, doing: str) -> None:

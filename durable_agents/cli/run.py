@@ -44,6 +44,7 @@ from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
+from workflows.run_failure import result_of_failure
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
 
 SUMMARY_CHARS = 120
@@ -307,7 +308,10 @@ async def _result(handle: WorkflowHandle[Any, AgentResult], result_task: asyncio
     try:
         return await result_task
     except WorkflowFailureError as err:
-        raise CliError(f"run {handle.id} failed: {err.cause}") from None
+        result = result_of_failure(err)  # AGENT_FAIL_WORKFLOW_ON_ERROR=1: a failed run's result is in the failure
+        if result is None:
+            raise CliError(f"run {handle.id} failed: {err.cause}") from None
+        return result
 
 
 class _FollowPrinter:

@@ -3,7 +3,9 @@
 Each shows the agent's own status (``completed``, ``failed``, ``cancelled``,
 ``limit_exceeded``, ``waiting_approval`` ...), not Temporal's: a run that ends
 ``failed`` or ``cancelled`` still returns an ``AgentResult``, so Temporal says
-``completed`` for it. ``status`` answers within seconds with no worker: it then
+``completed`` for it (with ``AGENT_FAIL_WORKFLOW_ON_ERROR=1`` a failed or
+limit_exceeded run fails its workflow instead: its result is read from the
+failure's details and shown the same way). ``status`` answers within seconds with no worker: it then
 shows what the run last recorded (its search attributes) and says why no worker
 answered.
 """
@@ -36,6 +38,7 @@ from durable_agents.cli.common import (
     NoAnswer,
     ask_status,
     bounded,
+    closed_result,
     describe_run,
     ended_state,
     list_runs,
@@ -116,13 +119,13 @@ async def cmd_status(client: Client, args: argparse.Namespace, settings: Setting
         result = await client.get_workflow_handle(args.workflow_id, run_id=desc.run_id, result_type=AgentResult).result(
             follow_runs=False, rpc_timeout=RPC_TIMEOUT
         )
-        data = {
-            "workflow_id": args.workflow_id,
-            "state": result.status,
-            "step": result.steps,
-            "usage": result.usage.model_dump(),
-            "output": result.output,
-        }
+        data = _result_data(args.workflow_id, result)
+    elif desc.status == WorkflowExecutionStatus.FAILED and (
+        failed := await closed_result(client, args.workflow_id, desc.run_id)
+    ):
+        # Started with AGENT_FAIL_WORKFLOW_ON_ERROR=1 and ended failed or limit_exceeded: its result is in the
+        # failure; shown as the same run would be had it completed its workflow.
+        data = _result_data(args.workflow_id, failed)
     else:
         data = {"workflow_id": args.workflow_id, "state": temporal_state(desc.status)}
         reason = await _why_it_ended(client, desc)
@@ -132,6 +135,16 @@ async def cmd_status(client: Client, args: argparse.Namespace, settings: Setting
     if problem:
         raise CliError(problem)
     return 0
+
+
+def _result_data(workflow_id: str, result: AgentResult) -> dict[str, Any]:
+    return {
+        "workflow_id": workflow_id,
+        "state": result.status,
+        "step": result.steps,
+        "usage": result.usage.model_dump(),
+        "output": result.output,
+    }
 
 
 def _recorded(desc: WorkflowExecutionDescription) -> dict[str, Any]:
