@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from activities.tools import Recovery, ToolContext, ToolError, ToolRegistry, ToolSpec, tool
     from durable_agents.client import connect, exit_process
     from durable_agents.plugin import DurableAgentsPlugin
+    from workflows.run_failure import result_of_failure
     from workflows.types import (
         AgentInput,
         AgentResult,
@@ -52,6 +53,7 @@ _HOMES: dict[str, str] = {
     "ConfigurationError": "activities.settings",
     "connect": "durable_agents.client",
     "exit_process": "durable_agents.client",
+    "result_of_failure": "workflows.run_failure",  # a run's AgentResult from its failure (AGENT_FAIL_WORKFLOW_ON_ERROR)
     # the run contract
     "AgentInput": "workflows.types",
     "AgentResult": "workflows.types",
@@ -107,6 +109,7 @@ __all__ = [
     "connect",
     "exit_process",
     "provider",
+    "result_of_failure",
     "tool",
 ]
 
