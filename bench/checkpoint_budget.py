@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sqlite3
@@ -36,6 +35,7 @@ from activities.checkpoints.workspace import Workspace
 from activities.runtime import Runtime
 from activities.sandbox.local import LocalSandbox, require_bwrap
 from activities.settings import CheckpointSettings, LocalLimits, LocalSandboxSettings, SandboxSettings, Settings
+from bench.report import write_results
 from workflows.types import ToolInvocation
 
 RESULTS = Path(__file__).parent / "results" / "checkpoint_budget.json"
@@ -168,9 +168,7 @@ def main() -> int:
         and results["growth"]["store_blob_growth_bytes"] <= results["growth"]["run_max_bytes"]
     )
     results["targets"] = {"overhead_ms_p50": TARGET_OVERHEAD_MS, "growth_within_budget": True, "met": ok}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(RESULTS, results, echo=True)
     return 0 if ok else 1
 
 

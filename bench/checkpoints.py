@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sqlite3
@@ -33,6 +32,7 @@ from typing import Any
 from activities.checkpoints import engine
 from activities.sandbox.local import LocalLimits, LocalSandboxBackend, require_bwrap
 from activities.store.sqlite import SQLiteRunStore
+from bench.report import write_results
 
 RESULTS = Path(__file__).parent / "results" / "checkpoints.json"
 TARGET_P50_MS = 30.0
@@ -135,9 +135,7 @@ def main() -> int:
         and results["store_bytes"]["growth_over_steps"] < TARGET_GROWTH_BYTES
     )
     results["targets"] = {"p50_ms": TARGET_P50_MS, "growth_bytes": TARGET_GROWTH_BYTES, "met": ok}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(RESULTS, results, echo=True)
     return 0 if ok else 1
 
 

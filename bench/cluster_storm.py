@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import sys
@@ -46,6 +45,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.store import open_store
 from bench.kill_storm import storm_parser
+from bench.report import write_results
 from bench.scale.common import pct
 from scripts.cluster import Cluster, tail_of
 from tests.fakes.dedupe_server import DedupeServer
@@ -288,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="cluster-storm-") as tmp:
         figures = asyncio.run(storm(args, Path(tmp)))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    write_results(RESULTS, figures)
     pg, rec, load = figures["postgres"], figures["recovery"], figures["load_average"]
     print(
         f"\nruns completed:        {figures['completed']}/{figures['runs']} {figures['statuses']}\n"

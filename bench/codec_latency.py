@@ -32,6 +32,7 @@ from temporalio.api.common.v1 import Payload
 
 from activities.crypto.codec import AesGcmCodec
 from activities.crypto.keyring import KeyRing
+from bench.report import write_results
 from durable_agents.codec_server import MAX_BODY_BYTES
 from durable_agents.codec_work import DEFAULT_MAX_PAYLOADS
 
@@ -160,9 +161,7 @@ def main() -> int:
         machine={"python": platform.python_version(), "cpus": os.cpu_count()},
         when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_results(RESULTS, result, echo=True)
     return 0 if p95 < TARGET_P95_MS else 1
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
 from tests.fakes.worker_proc import DevServer, kill_storm
 
 RESULTS = Path(__file__).parent / "results" / "kill_storm.json"
@@ -93,8 +93,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figures = asyncio.run(bench(args))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    write_results(RESULTS, figures)
     print(
         f"\nruns completed:        {figures['completed']}/{figures['runs']} {figures['statuses']}\n"
         f"wall time:             {figures['wall_s']} s (slowest run {figures['max_run_s']} s)\n"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import shutil
@@ -32,6 +31,7 @@ from typing import Any
 
 from activities.sandbox import seccomp
 from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend, require_bwrap
+from bench.report import write_results
 
 RESULTS = Path(__file__).parent / "results" / "sandbox_latency.json"
 TARGET_ADDED_P50_MS = 50.0
@@ -170,8 +170,7 @@ async def main(n: int) -> int:
     }
     met = python["added"]["p50_ms"] < TARGET_ADDED_P50_MS
     report["target"]["met"] = met
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(RESULTS, report)
     print(f"python3 -c pass, n={n} (interleaved, same process):")
     print(f"  direct     p50 {python['direct']['p50_ms']:7.2f} ms   p95 {python['direct']['p95_ms']:7.2f} ms")
     print(f"  sandboxed  p50 {python['sandboxed']['p50_ms']:7.2f} ms   p95 {python['sandboxed']['p95_ms']:7.2f} ms")
