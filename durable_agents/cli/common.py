@@ -369,8 +369,13 @@ async def ask_status(
     *,
     query_timeout: timedelta = QUICK_QUERY_TIMEOUT,
 ) -> StatusView:
-    """A running run's status query; ``NoAnswer`` at once when no worker polls its queue, else after the timeout."""
-    query = asyncio.ensure_future(handle.query(AgentWorkflow.status, rpc_timeout=query_timeout))
+    """A running run's status query; ``NoAnswer`` at once when no worker polls its queue, else after the timeout.
+
+    While the server refuses the query because the run's workflow task is on a retry
+    (:func:`workflow_not_ready`), the query is asked again until the timeout: a burst of
+    signals makes the server retry a task it force-closed, which a worker answers moments later.
+    """
+    query = asyncio.ensure_future(_status_until_ready(handle, query_timeout))
     pollers = asyncio.ensure_future(poller_count(client, desc.task_queue))
     try:
         await asyncio.wait({query, pollers}, return_when=asyncio.FIRST_COMPLETED)
@@ -385,6 +390,33 @@ async def ask_status(
         query.cancel()
         pollers.cancel()
     return StatusView.model_validate(view)
+
+
+NOT_READY_RETRY_S = 0.2  # between status queries the server refused with WorkflowNotReady
+
+
+def workflow_not_ready(err: RPCError) -> bool:
+    """The server refused a query or update because the run's workflow task is on a retry (attempt > 1).
+
+    That is so after a worker failed the task (a bug or a non-determinism: it stays so), and
+    also, for a moment, after the server itself force-closed a task because more than 100
+    signals arrived while a worker held it; the next attempt handles them all.
+    """
+    return err.status == RPCStatusCode.FAILED_PRECONDITION and any(
+        detail.type_url.endswith("WorkflowNotReadyFailure") for detail in err.grpc_status.details
+    )
+
+
+async def _status_until_ready(handle: WorkflowHandle[Any, Any], within: timedelta) -> Any:
+    deadline = asyncio.get_running_loop().time() + within.total_seconds()
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            return await handle.query(AgentWorkflow.status, rpc_timeout=timedelta(seconds=max(left, 0.1)))
+        except RPCError as err:
+            if not workflow_not_ready(err) or left <= NOT_READY_RETRY_S:
+                raise
+        await asyncio.sleep(NOT_READY_RETRY_S)
 
 
 def recorded_state(search_attributes: TypedSearchAttributes) -> str | None:
