@@ -117,7 +117,7 @@ async def _mcp_tools(pool: McpPool, secrets: list[str]) -> tuple[dict[str, list[
 
 def _builtin_row(spec: ToolSpec, policy: Policy) -> dict[str, Any]:
     module = spec.fn.__module__
-    source = "builtin" if module.split(".")[0] == BUILTIN_PACKAGE else f"module {module}"
+    source = "builtin" if module.startswith(f"{BUILTIN_PACKAGE}.") else f"module {module}"
     decision = decide(policy, None, spec.name, {}, side_effect=spec.side_effect, sandboxed=spec.uses_sandbox)
     kinds = [k for k, on in (("side effect", spec.side_effect), ("sandbox", spec.uses_sandbox)) if on]
     return {
