@@ -76,9 +76,7 @@ def test_every_public_name_is_the_object_of_its_old_path() -> None:
 def test_the_package_is_typed_and_ships_its_marker() -> None:
     for package in ("durable_agents", "workflows", "activities"):
         assert (ROOT / package / "py.typed").is_file(), package
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    package_data = pyproject["tool"]["setuptools"]["package-data"]
-    assert package_data["durable_agents"] == ["py.typed"]
+    # that the built wheel carries them: tests/test_wheel.py
 
 
 def test_importing_the_package_loads_nothing_heavy() -> None:
