@@ -24,8 +24,11 @@ def conninfo(url: str) -> dict[str, str] | None:
     """The parameters of a libpq conninfo string, or ``None`` when ``url`` is not one."""
     if "://" in url or "=" not in url:
         return None
-    import psycopg  # here: a SQLite path, the common case, never loads libpq
-    import psycopg.conninfo
+    try:  # here: a SQLite path, the common case, never loads libpq
+        import psycopg
+        import psycopg.conninfo
+    except ImportError:  # without the postgres extra nothing parses a conninfo (a postgresql:// URL names the extra)
+        return None
 
     try:
         params = psycopg.conninfo.conninfo_to_dict(url)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -56,6 +55,8 @@ class McpActivities:
         pool, settings = self._rt.mcp, self._rt.settings
 
         async def call(args: McpArguments, ctx: ToolContext) -> str:
+            from mcp.shared.exceptions import MCPError  # the mcp extra: a configured server's call
+
             server = pool.server(target.server)
             if server is None:
                 raise ToolError(f"MCP server {target.server!r} is not configured on this worker")

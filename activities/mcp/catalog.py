@@ -13,16 +13,18 @@ import fnmatch
 import hashlib
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import structlog
-from mcp.types import Tool
 from pydantic import BaseModel, Field
 
 from activities.mcp.config import Recovery
 from activities.mcp.pool import McpPool, McpUnavailable
 from workflows.types import MCP_PREFIX, McpTarget, RecordedToolCall, ToolCall
+
+if TYPE_CHECKING:
+    from mcp.types import Tool  # the mcp extra
 
 MAX_NAME_CHARS = 64  # what model APIs accept as a tool name
 MAX_MCP_TOOLS_PER_RUN = 128  # model APIs accept about this many tools, and every name is in the run's history

@@ -144,6 +144,10 @@ def load_mcp_config(settings: Settings) -> McpConfig:
         first = exc.errors(include_url=False)[0]
         location = ".".join(str(part) for part in first["loc"]) or "(file)"
         raise ConfigurationError(f"{where}: {location}: {first['msg']}") from None
+    if parsed.mcpServers:
+        from activities.extras import require
+
+        require("mcp", "mcp", f"{where} (MCP servers)")
     servers: dict[str, McpServerConfig] = {}
     secrets: list[str] = []
     for name, server in parsed.mcpServers.items():

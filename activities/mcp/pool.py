@@ -21,19 +21,18 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
-import httpx2
 import structlog
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, Tool
 
 from activities.mcp.config import McpConfig, McpServerConfig
 from activities.redaction import clip
+
+# The SDK (the mcp extra) is imported where a connection is made, and only a configured server makes one
+# (load_mcp_config requires the extra), so a worker without MCP servers runs without it.
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp.types import CallToolResult, Tool
 
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
@@ -90,6 +89,12 @@ class _Connection:
             raise McpUnavailable(f"MCP server {self.name!r} could not be started: {self.failure}")
 
     async def _own(self) -> None:
+        import httpx2
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
         stderr: _StderrLog | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -157,6 +162,8 @@ class McpPool:
 
     async def list_tools(self, server: str, run: str = "") -> list[Tool]:
         """The server's tools (every page, at most ``MAX_TOOLS_PER_SERVER``); ``McpUnavailable`` if it cannot answer."""
+        from mcp.shared.exceptions import MCPError
+
         async with self._session(server, run) as connection:
             assert connection.client is not None
             tools: list[Tool] = []
@@ -190,6 +197,9 @@ class McpPool:
         With ``check_alive`` (side effects), the connection is pinged first, so that a server that died
         while idle is restarted before the request instead of turning the call's outcome unknown.
         """
+        import httpx2
+        from mcp.shared.exceptions import MCPError
+
         async with self._session(server, run, check_alive=check_alive) as connection:
             assert connection.client is not None
             try:
@@ -237,6 +247,9 @@ class McpPool:
         yield connection
 
     async def _alive(self, connection: _Connection) -> bool:
+        import httpx2
+        from mcp.shared.exceptions import MCPError
+
         if connection.dead or connection.client is None:
             return False
         try:

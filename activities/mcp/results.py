@@ -13,19 +13,12 @@ import base64
 import binascii
 import json
 from collections.abc import Awaitable, Callable, Iterable
-
-from mcp.types import (
-    AudioContent,
-    BlobResourceContents,
-    CallToolResult,
-    EmbeddedResource,
-    ImageContent,
-    ResourceLink,
-    TextContent,
-    TextResourceContents,
-)
+from typing import TYPE_CHECKING
 
 from activities.redaction import redact_parts
+
+if TYPE_CHECKING:
+    from mcp.types import CallToolResult
 
 MAX_BINARY_BYTES = 16 * 1024 * 1024  # one decoded image/audio/blob resource
 MAX_STRUCTURED_CHARS = 200_000
@@ -35,6 +28,16 @@ PutBlob = Callable[[bytes], Awaitable[str]]
 
 async def result_text(result: CallToolResult, put_blob: PutBlob, max_chars: int, secrets: Iterable[str] = ()) -> str:
     """The model's view of ``result`` (``is_error`` is the caller's to act on), ``secrets`` redacted."""
+    from mcp.types import (  # the mcp extra, which produced ``result``
+        AudioContent,
+        BlobResourceContents,
+        EmbeddedResource,
+        ImageContent,
+        ResourceLink,
+        TextContent,
+        TextResourceContents,
+    )
+
     parts: list[str] = []
     for item in result.content:
         if isinstance(item, TextContent):

@@ -26,6 +26,9 @@ def backend_for(settings: Settings) -> SandboxBackend:
     config = settings.sandbox
     name = config.backend.strip().lower()
     if name == "e2b":
+        from activities.extras import require
+
+        require("e2b", "e2b", "AGENT_SANDBOX=e2b (the E2B sandbox)")
         key = config.e2b_api_key
         if key is None or not key.get_secret_value():
             raise SandboxUnavailable(

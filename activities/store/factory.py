@@ -18,6 +18,7 @@ def open_store(url: str, keyring: KeyRing | None = None) -> RunStore:
     """
     store: RunStore
     if is_postgres(url):
+        _require_postgres()
         from activities.store.postgres import PostgresRunStore
 
         store = PostgresRunStore(url)
@@ -33,7 +34,15 @@ def open_store(url: str, keyring: KeyRing | None = None) -> RunStore:
 def display_url(url: str) -> str:
     """The store URL as logs may show it (a PostgreSQL password is masked)."""
     if is_postgres(url):
+        _require_postgres()
         from activities.store.postgres import redact_url
 
         return redact_url(url)
     return url
+
+
+def _require_postgres() -> None:
+    from activities.extras import require
+
+    for module in ("psycopg", "psycopg_pool"):
+        require(module, "postgres", "AGENT_STORE_URL (a PostgreSQL run store)")

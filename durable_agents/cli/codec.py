@@ -9,7 +9,6 @@ from typing import Any
 from activities.settings import Settings
 from durable_agents import logs
 from durable_agents.cli.common import EXIT_OK, EXIT_USAGE, CliError
-from durable_agents.codec_server import MAX_BODY_BYTES, bind, build_app, serve
 
 DEFAULT_PORT = 8081
 
@@ -41,6 +40,12 @@ async def cmd_codec_server(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(
             "the codec server needs the key ring: set AGENT_PAYLOAD_KEYS or AGENT_PAYLOAD_KEYS_FILE", code=EXIT_USAGE
         )
+    from activities.extras import require
+
+    for module in ("starlette", "uvicorn"):
+        require(module, "server", "the codec server")
+    from durable_agents.codec_server import MAX_BODY_BYTES, bind, build_app, serve
+
     logs.configure(settings.observability.log_level, secrets=settings.secret_values())
     token = enc.codec_token.get_secret_value() if enc.codec_token is not None else ""
     app = build_app(

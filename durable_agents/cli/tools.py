@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
-
-from mcp.types import Tool
+from typing import TYPE_CHECKING, Any
 
 from activities.approvals import load_policy
 from activities.catalog import tool_registry
@@ -33,6 +31,9 @@ from activities.tools.spec import ToolSpec
 from durable_agents.cli.common import EXIT_OK, EXIT_RUN, print_json
 from workflows.policy import Policy, decide
 from workflows.types import MCP_PREFIX
+
+if TYPE_CHECKING:
+    from mcp.types import Tool  # the mcp extra
 
 DESCRIPTION_CHARS = 60
 COLUMNS = ("NAME", "SOURCE", "KIND", "POLICY", "DESCRIPTION")
