@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,8 @@ def test_every_module_of_the_repository_rewrites_to_prefixed_imports_only() -> N
                 assert (node.module or "").split(".")[0] not in OWN, (path, node.lineno)
             elif isinstance(node, ast.Import):
                 assert all(alias.name.split(".")[0] not in OWN for alias in node.names), (path, node.lineno)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # a module name left unprefixed
+                assert not re.fullmatch(r"(workflows|activities)(\.\w+)*", node.value), (path, node.lineno)
     assert rewritten > len(files) // 2  # most modules import another
 
 
