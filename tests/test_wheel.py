@@ -380,6 +380,10 @@ async def test_without_the_extras_the_defaults_run_and_each_feature_names_its_ex
     bin_dir = bare_venv / "bin"
     hidden = await child([str(bin_dir / "python"), "-c", PROBE_HIDDEN], env, tmp_path)
     assert hidden.stdout.split() == ["hidden"] * len(EXTRA_LIBRARIES), hidden.stderr
+    # Every public name resolves (each loads its home module) without the extras.
+    exports = "import durable_agents as d; print(len([getattr(d, name) for name in d.__all__]))"
+    loaded = await child([str(bin_dir / "python"), "-c", exports], env, tmp_path)
+    assert loaded.returncode == 0 and int(loaded.stdout) > 20, loaded.stderr
 
     worker = Process([str(bin_dir / "durable-agents-worker")], env, tmp_path, tmp_path / "worker.log")
     processes.append(worker)
