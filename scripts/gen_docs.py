@@ -357,6 +357,28 @@ def contract_page() -> str:
         "and `SubagentDef` are refused by name, with the nearest valid one. New fields always get defaults, so",
         "recorded histories keep decoding.",
         "",
+        "## Names and semantics",
+        "",
+        "| name | kind | payload | answer |",
+        "|---|---|---|---|",
+        "| `AgentWorkflow` | workflow type | [AgentInput](#agentinput) | [AgentResult](#agentresult) |",
+        "| `approve` | signal | [ApproveSignal](#approvesignal) | none: a refused signal is logged and counted in "
+        "`status.refused` |",
+        "| `reject` | signal | [RejectSignal](#rejectsignal) | as `approve` |",
+        "| `resolve` | signal | [ResolveSignal](#resolvesignal) | as `approve` |",
+        "| `decide` | update | [DecideRequest](#deciderequest) | [DecideResult](#decideresult) |",
+        "| `status` | query | none | [StatusView](#statusview) |",
+        "",
+        "`decide` has the signals' semantics, but its caller gets an answer: `accepted: false` for an approval that",
+        "was already decided (the message says how). Any other refusal (malformed, unknown or expired approval, not",
+        "an approver, unsigned or badly signed) fails the update with a non-retryable `DecisionRefused` error, and",
+        "the validator's refusals never reach history. With `AGENT_APPROVAL_KEY` set, only decisions carrying an",
+        "HMAC-SHA256 `signature` over (approval id, decision, reviewer, expiry) count.",
+        "",
+        "With `AGENT_FAIL_WORKFLOW_ON_ERROR=1` a run that ends `failed` or `limit_exceeded` fails its workflow",
+        "(`AgentRunFailed`) with the `AgentResult` as the failure's details; `durable_agents.result_of_failure(err)`",
+        "reads it back from a `ChildWorkflowError` or `WorkflowFailureError`.",
+        "",
     ]
     for model, what in CONTRACT_MODELS:
         lines += list(_model_section(model, what))

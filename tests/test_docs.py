@@ -163,3 +163,12 @@ def test_no_page_points_outside_the_repository_or_narrates_history() -> None:
         assert "../shared" not in text, page
         for phrase in ("used to be", "was 1.", "once broke", "issue 2", "no longer", " before it)"):
             assert phrase not in text, f"{page.relative_to(ROOT)}: {phrase!r} narrates history"
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    import durable_agents
+
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^::: durable_agents\.(\w+)$", page, flags=re.MULTILINE))
+    public = set(durable_agents.__all__) - {"__version__"}
+    assert documented == public, f"missing: {sorted(public - documented)}; not public: {sorted(documented - public)}"
