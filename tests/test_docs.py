@@ -172,3 +172,26 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     documented = set(re.findall(r"^::: durable_agents\.(\w+)$", page, flags=re.MULTILINE))
     public = set(durable_agents.__all__) - {"__version__"}
     assert documented == public, f"missing: {sorted(public - documented)}; not public: {sorted(documented - public)}"
+
+
+def test_every_flag_the_cli_reference_shows_is_the_cli_s_own() -> None:
+    """``docs/reference/cli.md``: each command line names a real command, and its flags are in that command's help."""
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    lines = [line.split("  #")[0] for line in page.splitlines() if line.startswith("durable-agents ")]
+    assert len(lines) > 10
+    helps: dict[tuple[str, ...], str] = {}
+    for line in lines:
+        words = line.split()
+        command = tuple(words[1:3] if words[1] == "sandboxes" else words[1:2])
+        if command not in helps:
+            done = subprocess.run(
+                [sys.executable, str(ROOT / "starter.py"), *command, "--help"],
+                capture_output=True,
+                text=True,
+                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+                timeout=60,
+            )
+            assert done.returncode == 0, (line, done.stderr)
+            helps[command] = done.stdout
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line):
+            assert flag in helps[command], f"`durable-agents {' '.join(command)}` has no {flag}: {line}"
