@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib
 import io
 import sys
 import tokenize
@@ -72,8 +73,8 @@ def settings_sources() -> list[Path]:
     return [path]
 
 
-def _value(node: ast.expr | None) -> Any:
-    """A keyword argument's value: a literal, or arithmetic over the settings module's constants."""
+def _value(node: ast.expr | None, namespace: dict[str, Any]) -> Any:
+    """A keyword argument's value: a literal, or arithmetic over the constants of the module that reads it."""
     if node is None:
         return None
     try:
@@ -81,9 +82,22 @@ def _value(node: ast.expr | None) -> Any:
     except ValueError:
         pass
     try:
-        return eval(compile(ast.Expression(node), "<settings>", "eval"), {"__builtins__": {}}, vars(settings_module))
+        return eval(compile(ast.Expression(node), "<settings>", "eval"), {"__builtins__": {}}, namespace)
     except Exception:
         return None
+
+
+def _namespace(path: Path) -> dict[str, Any]:
+    """The globals of the settings module at ``path`` (where the names in its reads' bounds are defined)."""
+    try:
+        relative = path.resolve().relative_to(ROOT)
+    except ValueError:
+        return vars(settings_module)
+    name = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
+    try:
+        return vars(importlib.import_module(name))
+    except ImportError:
+        return vars(settings_module)
 
 
 def _is_variable_name(node: ast.AST) -> str:
@@ -94,7 +108,7 @@ def _is_variable_name(node: ast.AST) -> str:
     return ""
 
 
-def _read_of(call: ast.Call) -> tuple[str, Read] | None:
+def _read_of(call: ast.Call, namespace: dict[str, Any]) -> tuple[str, Read] | None:
     func = call.func
     method = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
     if method not in _READERS or not call.args:
@@ -104,7 +118,7 @@ def _read_of(call: ast.Call) -> tuple[str, Read] | None:
         return None
     if method == "get" and not (isinstance(func, ast.Attribute) and ast.unparse(func.value).endswith("env")):
         return None
-    keywords = {k.arg: _value(k.value) for k in call.keywords}
+    keywords = {k.arg: _value(k.value, namespace) for k in call.keywords}
     detail = ""
     if method == "integer" and keywords.get("low") is not None and keywords.get("high") is not None:
         detail = f"{keywords['low']:,}–{keywords['high']:,}"
@@ -119,8 +133,9 @@ def settings_reads() -> dict[str, Read]:
     """Every environment variable the ``Settings`` code reads, with how it parses it (from its source)."""
     found: dict[str, Read] = {}
     for path in settings_sources():
+        namespace = _namespace(path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and (read := _read_of(node)):
+            if isinstance(node, ast.Call) and (read := _read_of(node, namespace)):
                 name, how = read
                 # A variable read twice (a presence test, then a parse) keeps its most specific parse.
                 if name not in found or found[name].kind in ("get", "text"):

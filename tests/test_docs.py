@@ -195,3 +195,25 @@ def test_every_flag_the_cli_reference_shows_is_the_cli_s_own() -> None:
             helps[command] = done.stdout
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line):
             assert flag in helps[command], f"`durable-agents {' '.join(command)}` has no {flag}: {line}"
+
+
+# Variables the docs name that Settings does not read, and who reads them.
+READ_BY_OTHERS = {
+    "AGENT_TEST_REAL_E2B": "the E2B tests (real service instead of the fake)",
+    "OTEL_EXPORTER_OTLP_HEADERS": "the OpenTelemetry SDK",
+    "OTEL_RESOURCE_ATTRIBUTES": "the OpenTelemetry SDK",
+    "TEMPORAL_API_KEY": "temporalio.envconfig",
+    "TEMPORAL_TLS_": "temporalio.envconfig",
+    "TEMPORAL_CODEC_ENDPOINT": "the Temporal UI server",
+}
+
+
+def test_every_variable_the_docs_name_is_one_something_reads() -> None:
+    """A variable named in the README or the docs is read by Settings (or by the library named above)."""
+    reads = set(gen_docs.settings_reads())
+    pattern = re.compile(r"(?<![A-Z0-9_])((?:AGENT|TEMPORAL|OPENAI|ANTHROPIC|E2B|OTEL)_[A-Z0-9_]*)")
+    for page in [*ROOT.joinpath("docs").rglob("*.md"), ROOT / "README.md"]:
+        for name in set(pattern.findall(page.read_text(encoding="utf-8"))):
+            prefix = name.endswith("_") and any(read.startswith(name) for read in reads)
+            where = page.relative_to(ROOT)
+            assert name in reads or prefix or name in READ_BY_OTHERS, f"{where}: {name} is read by nothing"
