@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # and subprocesses, so three processes keep 2 cores busy: the suite takes under half its serial time.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop deploy-check
+.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop deploy-check docs docs-serve docs-gen
 
 venv: $(STAMP)
 
@@ -66,6 +66,17 @@ mcp-servers:
 # Offline validation of deploy/ (Kubernetes and compose-spec JSON schemas; under 2 s).
 deploy-check: venv
 	BIN=$(VENV)/bin deploy/check.sh
+
+# The docs site (MkDocs + Material) into site/; tests/test_docs.py runs the same strict build in `make test`.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+# Regenerate docs/reference/configuration.md (from Settings) and contract.md (from workflows/types.py).
+docs-gen: venv
+	$(PY) -m scripts.gen_docs
 
 test: venv bwrap mcp-servers lint deploy-check
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile

@@ -1,7 +1,7 @@
 """Run a worker: ``AgentWorkflow`` plus every activity, until SIGTERM/SIGINT.
 
-Configuration comes from the environment through ``Settings`` (see README,
-"Configuration", and docs/architecture.md): ``TEMPORAL_ADDRESS``,
+Configuration comes from the environment through ``Settings`` (every variable:
+docs/reference/configuration.md): ``TEMPORAL_ADDRESS``,
 ``TEMPORAL_NAMESPACE``, ``AGENT_TASK_QUEUE``, ``AGENT_MODEL``, ``AGENT_SANDBOX``,
 ``AGENT_HTTP_ALLOW``, ``AGENT_STORE_URL``, ``AGENT_TOOL_MODULES``,
 ``AGENT_PROVIDER_MODULES``, ...; worker tuning: ``AGENT_MAX_CACHED_WORKFLOWS``,

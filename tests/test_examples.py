@@ -5,7 +5,7 @@
 - ``ReportWorkflow`` on a worker of its own built with ``DurableAgentsPlugin`` (in this
   process), and the runnable ``examples.embed.worker`` / ``examples.embed.starter`` pair;
 - misspelled extension modules and an unknown model stop ``worker.py`` before it connects;
-- the README's "Extending" snippets are excerpts of these files.
+- the "Extending" snippets of docs/tools-and-providers.md are excerpts of these files.
 """
 
 from __future__ import annotations
@@ -349,19 +349,19 @@ async def test_echo_provider_registers_under_its_prefix() -> None:
         await echo.complete("v2", messages, lookup_tool)
 
 
-# --- the README's snippets are excerpts of the examples ----------------------------------------------------
+# --- the docs' snippets are excerpts of the examples ----------------------------------------------------
 
 
 def extending_snippets() -> list[tuple[str, list[str]]]:
-    """``(path, lines)`` of every Python block in README's "Extending" section (first line ``# <path>``)."""
-    readme = (ROOT / "README.md").read_text()
+    """``(path, lines)`` of every Python block in the docs' "Extending" section (first line ``# <path>``)."""
+    readme = (ROOT / "docs" / "tools-and-providers.md").read_text()
     section = readme.split("\n## Extending\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     snippets = []
     for block in blocks:
         header, *lines = block.splitlines()
         match = re.fullmatch(r"# (examples/\S+\.py)( \(excerpt\))?", header)
-        assert match, f"a README snippet must start with '# examples/<file>.py': {header!r}"
+        assert match, f"a docs snippet must start with '# examples/<file>.py': {header!r}"
         snippets.append((match.group(1), lines))
     return snippets
 

@@ -2,7 +2,7 @@
 
 A failure here means the loop's command sequence changed in a way that would
 break runs already in flight. Guard the change with ``workflow.patched`` (see
-README, "Changing the workflow safely"); do not re-record to make this pass.
+docs/concepts.md, "Changing the workflow safely"); do not re-record to make this pass.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def _digest(*parts: Any) -> str:
 
 
 def idempotency_key(workflow_id: str, step: int, call_index: int, tool: str, arguments: dict[str, Any]) -> str:
-    """``hash(workflow_id, step, call index, tool, canonical args)`` (docs/architecture.md, "One step")."""
+    """``hash(workflow_id, step, call index, tool, canonical args)`` (docs/concepts.md, "One step, end to end")."""
     return "ik_" + _digest("idem", workflow_id, step, call_index, tool, arguments)[:40]
 
 

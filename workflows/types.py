@@ -62,11 +62,11 @@ ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
 class Limits(KnownKeys):  # a misspelled limit must not run with the default
     """Brakes enforced by the workflow before every model turn."""
 
-    max_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
-    max_tokens: int = Field(default=200_000, ge=1, le=MAX_TOKENS)
+    max_steps: int = Field(default=20, ge=1, le=MAX_STEPS)  # model turns
+    max_tokens: int = Field(default=200_000, ge=1, le=MAX_TOKENS)  # input + output tokens, children included
     max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
-    timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)
-    max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # of sub-agent delegation (0: none)
+    timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)  # working time; waiting for people does not count
+    max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # depth of sub-agent delegation (0: none)
 
     # Only the limits a caller set are serialized, so the workflow can tell an explicit cap from the default
     # (``model_fields_set``): an explicit max_cost_usd with a model that has no price is refused at start.
@@ -92,19 +92,19 @@ class TreeBudget(BaseModel):
 class SubagentDef(KnownKeys):
     """A sub-agent: to the parent's model a tool named after it, taking ``{"task": str}``; run as a child run."""
 
-    description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)
+    description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)  # what the parent's model is told
     model: Name = ""  # empty: the worker's default model
     tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)  # None: every registered tool
-    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)
+    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)  # empty: the built-in prompt
     limits: Limits | None = None  # None: the defaults; always capped by the parent's remaining budget
     policy: dict[str, Any] = Field(default_factory=dict)  # can only tighten the parent's run policy
-    share_sandbox: bool = False
+    share_sandbox: bool = False  # work in the parent's workspace (never while anything else uses it)
 
 
 class Usage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
+    input_tokens: int = 0  # prompt tokens the provider reported
+    output_tokens: int = 0  # completion tokens the provider reported
+    cost_usd: float = 0.0  # from the price table (AGENT_PRICES); 0 for a model without a price
 
     def plus(self, other: Usage) -> Usage:
         return Usage(
@@ -230,29 +230,31 @@ class Carry(BaseModel):
 class ForkSpec(KnownKeys):
     """Where a fork starts: a run (its latest, or ``run_id``) and the number of its steps to keep."""
 
-    workflow_id: str = Field(min_length=1, max_length=1000)
-    run_id: str = Field(default="", max_length=100)
-    step: int = Field(ge=0, le=1_000_000)
+    workflow_id: str = Field(min_length=1, max_length=1000)  # the source run's workflow id
+    run_id: str = Field(default="", max_length=100)  # empty: its latest run
+    step: int = Field(ge=0, le=1_000_000)  # the source's steps to keep; the fork's first model turn is step + 1
 
 
 class AgentInput(KnownKeys):
     """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name,
     with the nearest valid one (``unknown key 'taks' (did you mean 'task'?)``)."""
 
-    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
+    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)  # what the agent should do (not blank)
     model: Name = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
     tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)  # None: every registered tool
-    limits: Limits = Field(default_factory=Limits)
-    policy: dict[str, Any] = Field(default_factory=dict)  # checked by workflows.policy.parse_run_policy
-    approvers: list[Name] = Field(default_factory=list, max_length=MAX_APPROVERS)
-    tenant: Name = ""
-    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)
+    limits: Limits = Field(default_factory=Limits)  # brakes checked before every model turn
+    # The run's own policy ({"approval_timeout_s"?, "rules": [...]}), which can only tighten the operator's
+    # (checked by workflows.policy.parse_run_policy).
+    policy: dict[str, Any] = Field(default_factory=dict)
+    approvers: list[Name] = Field(default_factory=list, max_length=MAX_APPROVERS)  # empty: anyone may decide
+    tenant: Name = ""  # who the run is for (search attribute AgentTenant); a fork's source must share it
+    system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)  # empty: the built-in prompt
     # None: every operator-defined sub-agent; a list enables operator-defined ones by name; a dict
     # adds its own (or replaces operator-defined ones of the same name) to the operator's.
     subagents: dict[SubagentName, SubagentDef] | list[SubagentName] | None = Field(
         default=None, max_length=MAX_SUBAGENTS
     )
-    depth: int = Field(default=0, ge=0, le=MAX_DEPTH)  # of delegation: 0 for a run started from outside
+    depth: int = Field(default=0, ge=0, le=MAX_DEPTH)  # delegation depth: 0 for a run started from outside
     budget: TreeBudget | None = None  # a sub-agent's: the tree's budget it spends from (set by its parent)
     # A sub-agent with ``share_sandbox``: its parent's conversation, whose sandbox it works in (checked
     # against the run's actual parent, so no run can name another's workspace).
@@ -264,7 +266,7 @@ class AgentInput(KnownKeys):
     # A sub-agent's (set by its parent; refused from a run started from outside): the digest of the tree's
     # sub-agent definitions in the run store, and the name of the one this run is.
     subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
-    as_subagent: str = Field(default="", pattern=r"^([a-zA-Z][a-zA-Z0-9_-]{0,63})?$")
+    as_subagent: str = Field(default="", pattern=r"^([a-zA-Z][a-zA-Z0-9_-]{0,63})?$")  # which of them this run is
 
     @field_validator("task")
     @classmethod
@@ -275,24 +277,24 @@ class AgentInput(KnownKeys):
 
 
 class AgentResult(BaseModel):
-    status: ResultStatus
-    output: str
-    usage: Usage
-    steps: int
+    status: ResultStatus  # how the run ended
+    output: str  # the model's final answer, or why the run stopped
+    usage: Usage  # what the run and its sub-agents spent
+    steps: int  # model turns taken
     checkpoint: str = ""  # the workspace checkpoint the run ended with (a sandbox-sharing sub-agent's parent adopts it)
 
 
 class PendingApproval(BaseModel):
-    approval_id: str
-    tool: str
-    args: dict[str, Any]
-    requested_at: str
-    expires_at: str
+    approval_id: str  # ap_...: a hash of the exact call (workflow id, step, call id, tool, canonical arguments)
+    tool: str  # the tool the call runs
+    args: dict[str, Any]  # its canonical arguments
+    requested_at: str  # ISO 8601
+    expires_at: str  # ISO 8601; on expiry the call is not run and the model is told
     reviewers: list[str] = Field(default_factory=list)  # empty: anyone may decide
-    rule: str = ""
-    step: int = 0
-    call_id: str = ""
-    kind: str = "tool_call"
+    rule: str = ""  # the policy rule that asked
+    step: int = 0  # the model turn the call belongs to
+    call_id: str = ""  # the model's id of the call
+    kind: str = "tool_call"  # tool_call, or resolve_unknown_outcome (a side effect whose worker died mid-call)
     # "": this run's own approval. Else a sub-agent's, as that sub-agent reported it (relayed,
     # unverified: decide it with the run named here, which shows its own entry).
     workflow_id: str = ""
@@ -312,19 +314,19 @@ class ChildApprovalsSignal(BaseModel):
 class ApproveSignal(BaseModel):
     """Payload of the ``approve`` signal (public contract)."""
 
-    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
-    reviewer: Name
-    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
-    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval decided
+    reviewer: Name  # who decides (must be in the run's approvers when it has any)
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
 
 
 class RejectSignal(BaseModel):
     """Payload of the ``reject`` signal (public contract)."""
 
-    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
-    reviewer: Name
-    reason: str = Field(default="", max_length=MAX_NOTE_CHARS)
-    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval decided
+    reviewer: Name  # who decides (must be in the run's approvers when it has any)
+    reason: str = Field(default="", max_length=MAX_NOTE_CHARS)  # told to the model
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
 
 
 DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
@@ -333,11 +335,11 @@ DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
 class ResolveSignal(BaseModel):
     """Payload of the ``resolve`` signal: a human's answer to an unknown outcome."""
 
-    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
-    reviewer: Name
-    resolution: Literal["retry", "mark_done", "fail"]
-    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
-    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval decided
+    reviewer: Name  # who decides (must be in the run's approvers when it has any)
+    resolution: Literal["retry", "mark_done", "fail"]  # run the call again, record it done, or fail it
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
 
 
 class DecideRequest(BaseModel):
@@ -347,16 +349,16 @@ class DecideRequest(BaseModel):
     answer an unknown outcome (kind ``resolve_unknown_outcome``).
     """
 
-    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)
-    decision: DecisionKind
-    reviewer: Name
-    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)
-    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval decided
+    decision: DecisionKind  # approve/reject a tool call; retry/mark_done/fail an unknown outcome
+    reviewer: Name  # who decides (must be in the run's approvers when it has any)
+    comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
+    signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
 
 
 class DecideResult(BaseModel):
-    accepted: bool
-    message: str
+    accepted: bool  # false: the approval was already decided (the message says how)
+    message: str  # what happened, in one line
 
 
 class SignatureCheck(BaseModel):
@@ -368,19 +370,19 @@ class SignatureCheck(BaseModel):
 
 
 class StatusView(BaseModel):
-    state: RunState
-    step: int
-    pending_approvals: list[PendingApproval] = Field(default_factory=list)
-    usage: Usage = Field(default_factory=Usage)
-    model: str = ""
-    output: str = ""
-    last_event: str = ""
+    state: RunState  # the agent's own state (also the search attribute AgentState)
+    step: int  # model turns so far
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)  # its own and its sub-agents' reports
+    usage: Usage = Field(default_factory=Usage)  # what the run and its sub-agents spent so far
+    model: str = ""  # the run's model
+    output: str = ""  # the final answer, once the run has ended
+    last_event: str = ""  # the latest progress event, in one line
     refused: list[str] = Field(default_factory=list)  # recent refused decisions, newest last (at most 20)
     # Every refused signal and decision, malformed ones included, by reason (``malformed``,
     # ``unknown_approval``, ``not_an_approver``, ``bad_signature``, ...). Updates refused by the
     # validator never reach the run (their caller got the reason) and are not counted.
-    refused_total: int = 0
-    refused_counts: dict[str, int] = Field(default_factory=dict)
+    refused_total: int = 0  # how many were refused in all
+    refused_counts: dict[str, int] = Field(default_factory=dict)  # how many, by reason
     own_usage: Usage = Field(default_factory=Usage)  # this run's model turns (``usage`` minus children)
     children_usage: Usage = Field(default_factory=Usage)  # what its child runs spent
     conversation_id: str = ""  # where its transcript is in the run store (a fork starts from it)
@@ -398,20 +400,20 @@ class StatusView(BaseModel):
 class RecordedToolCall(BaseModel):
     """A tool call exactly as the model emitted it (arguments kept raw)."""
 
-    id: str
-    name: str
-    arguments_json: str
+    id: str  # the model's id of the call
+    name: str  # the tool's name
+    arguments_json: str  # the arguments as the model wrote them (may be invalid JSON)
 
 
 class Message(BaseModel):
     """One transcript entry, provider-neutral. Lives in the run store, not in history."""
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
-    tool_calls: list[RecordedToolCall] = Field(default_factory=list)
-    tool_call_id: str = ""
-    name: str = ""
-    is_error: bool = False
+    role: Literal["system", "user", "assistant", "tool"]  # who wrote it
+    content: str = ""  # its text
+    tool_calls: list[RecordedToolCall] = Field(default_factory=list)  # an assistant's tool calls
+    tool_call_id: str = ""  # a tool result's call
+    name: str = ""  # a tool result's tool
+    is_error: bool = False  # a tool result that is an error the model reads
 
 
 class TranscriptEntry(BaseModel):
@@ -507,29 +509,29 @@ class ModelTurn(BaseModel):
 
 
 class ToolInvocation(BaseModel):
-    conversation_id: str
-    workflow_id: str
-    step: int
-    call_id: str
-    call_index: int
+    conversation_id: str  # the run's transcript in the run store
+    workflow_id: str  # the run's workflow id
+    step: int  # the model turn of the call
+    call_id: str  # the model's id of the call
+    call_index: int  # its place among the turn's calls
     seq: int  # where the tool's result goes in the transcript
-    tool: str
-    arguments: dict[str, Any]
-    idempotency_key: str
-    sandbox_id: str = ""
-    tenant: str = ""
+    tool: str  # the tool's name
+    arguments: dict[str, Any]  # validated, canonical arguments
+    idempotency_key: str  # identical on every retry, replay and continue-as-new of this call
+    sandbox_id: str = ""  # the run's sandbox (sandbox tools)
+    tenant: str = ""  # the run's tenant
     # A human's resolution of an unknown outcome: "" (normal run), "retry", "mark_done" or "fail".
     resolution: str = ""
-    resolution_note: str = ""
+    resolution_note: str = ""  # the reviewer's comment on that resolution
     # The policy decision that let the call run (``allow``, or ``ask`` then approved) and its rule.
     policy_verdict: str = ""
-    policy_rule: str = ""
+    policy_rule: str = ""  # the rule that decided it
     mcp: McpTarget | None = None  # set for MCP tools (activity ``mcp``); ``side_effect`` says if it is ledgered
-    side_effect: bool = False
-    # Sandbox tools: the workflow tracks workspace checkpoints (False for calls scheduled by older code),
-    # and the checkpoint the workspace must hold before the tool runs ("" = none yet: an empty workspace).
+    side_effect: bool = False  # the call goes through the idempotency ledger
+    # Sandbox tools: whether the workflow tracks this call's workspace checkpoints (calls in histories recorded
+    # without checkpoints decode as False).
     checkpoints: bool = False
-    checkpoint: str = ""
+    checkpoint: str = ""  # the checkpoint the workspace must hold before the tool runs ("": an empty workspace)
 
 
 class ToolOutcome(BaseModel):

@@ -8,7 +8,7 @@ What the real service does that shapes this code:
   ``exec timeout ...``: ``exec`` makes coreutils ``timeout`` the pid envd knows, and ``timeout`` puts
   itself in a process group of its own (``setpgid(0, 0)``), so pgid == pid. On cancellation, a flood,
   a timeout or a cut stream the backend runs ``kill -KILL -- -<pid>`` (as root) before the SDK's kill.
-  A process that leaves the group on purpose (``setsid``) is not reached; see the README.
+  A process that leaves the group on purpose (``setsid``) is not reached; see docs/sandboxes.md.
 * A stream that envd or the proxy cancels (the VM paused or shut down) surfaces as a plain
   ``TimeoutException``, like the SDK's own stream deadline. Our deadline tells them apart: before it,
   the VM's state is asked (``get_info``) and the command is reported as "sandbox unavailable", never

@@ -5,7 +5,7 @@ The SDK sends ``idempotency_key`` as the ``Idempotency-Key`` header of ``POST /v
 ``SandboxException("<status>: <message>", status_code=<status>)``. The body's ``error_code``
 (``idempotency_in_progress``, ``idempotency_request_mismatch``, ``idempotency_outcome_unknown``) is
 *dropped* by the SDK, so the kind is told from the status and the message text; what exactly the
-real API says cannot be checked from here (see the README), so an unrecognised 409 on create is
+real API says cannot be checked from here (docs/sandboxes.md), so an unrecognised 409 on create is
 treated as "in progress" (wait, look up, retry) — never as a reason to make a second VM blindly.
 
 * in progress (409): another caller's create with the same key is being served. Look the VM up by

@@ -1,6 +1,6 @@
 """Run a side-effecting tool at most once per idempotency key, surviving crashes.
 
-Protocol (docs/architecture.md, "Idempotency ledger"): claim the key in the ledger (intent)
+Protocol (docs/concepts.md, "Idempotency ledger"): claim the key in the ledger (intent)
 before the side effect, record the outcome after. On a retry:
 
 - outcome recorded → return it, do nothing;

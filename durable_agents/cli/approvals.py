@@ -96,7 +96,7 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
     reject.add_argument("--reason", required=True, help="why; the model is told")
 
     resolve = sub.add_parser(
-        "resolve", help="answer an unknown outcome: a side effect whose worker died mid-call (see README)"
+        "resolve", help="answer an unknown outcome: a side effect whose worker died mid-call (docs/concepts.md)"
     )
     resolve.add_argument("workflow_id")
     resolve.add_argument("approval_id", nargs="?", help="optional when the run waits for exactly one decision")
@@ -317,7 +317,7 @@ async def _waiting_views(
     if not by_attribute and not quiet_fallback:
         print(
             f"note: the namespace has no {PENDING_APPROVALS.name} search attribute, so every running run "
-            f"({len(runs)}) is asked (register the Agent* attributes: see README)",
+            f"({len(runs)}) is asked (register the Agent* attributes: see docs/operations.md)",
             file=sys.stderr,
         )
     queues = sorted({wf.task_queue for wf in runs})

@@ -46,7 +46,7 @@ from workflows.progress import STATE
 from workflows.run_failure import result_of_failure
 from workflows.types import AgentResult, StatusView
 
-# Exit codes (documented in durable_agents/cli/main.py and the README's CLI section).
+# Exit codes (documented in durable_agents/cli/main.py and docs/reference/cli.md).
 EXIT_OK = 0
 EXIT_RUN = 1  # no such run, it did not complete, it refused the request, no worker answered
 EXIT_USAGE = 2  # bad arguments or input, a bad configuration, no Temporal server

@@ -215,7 +215,7 @@ async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings)
             raise
         raise CliError(
             f"this namespace cannot filter by --state/--tenant ({err.message}); register the Agent* search "
-            "attributes (see README)",
+            "attributes (see docs/operations.md)",
             code=EXIT_USAGE,
         ) from None
     states = await bounded((_agent_state(client, wf) for wf in executions), QUERY_CONCURRENCY)
