@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from activities.sandbox import hostfs, quota
 from activities.sandbox.base import SandboxError
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
+from activities.sandbox.local import hostfs, quota
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.settings import Settings
 from activities.tools import builtins
 from activities.tools.spec import ToolContext, ToolError

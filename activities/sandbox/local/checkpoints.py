@@ -1,9 +1,9 @@
 """Workspace checkpoints on the local backend: scanning, reading and rewriting a hostile workspace from the host.
 
-The :class:`~activities.checkpoints.engine.Checkpointable` methods of
-:class:`~activities.sandbox.local.LocalSandbox` are thin wrappers around the functions
+The :class:`~activities.sandbox.checkpointable.Checkpointable` methods of
+:class:`~activities.sandbox.local.backend.LocalSandbox` are thin wrappers around the functions
 here, which take the workspace's directory fd (opened by the caller, checked to be the
-mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sandbox.hostfs`:
+mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sandbox.local.hostfs`:
 
 * every path is reached component by component from the workspace fd with
   ``O_NOFOLLOW | O_NONBLOCK`` (a planted symlink is never followed, a FIFO never
@@ -19,11 +19,11 @@ mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sa
 
 What a checkpoint holds: regular files (mode: permission bits without setuid/setgid),
 directories (permission bits and the sticky bit) and symlinks whose text stays inside the
-workspace (:func:`~activities.checkpoints.manifest.link_stays_inside`). Names are kept
+workspace (:func:`~activities.sandbox.checkpointable.link_stays_inside`). Names are kept
 whatever their bytes (one that is not valid UTF-8 is its ``surrogateescape`` decoding in
-memory and base64 on the wire, see :mod:`~activities.checkpoints.manifest`). FIFOs, sockets,
+memory and base64 on the wire, see :mod:`~activities.sandbox.checkpointable`). FIFOs, sockets,
 devices, outward symlinks and names that are not a
-:func:`~activities.checkpoints.manifest.safe_relative` path are left out, with a count
+:func:`~activities.sandbox.checkpointable.safe_relative` path are left out, with a count
 logged. Hard links are stored as separate files (a restore writes them as such). In a
 ``loop`` workspace the root's ``lost+found`` belongs to ext4: it is never scanned, stored
 or removed.
@@ -45,19 +45,20 @@ import stat
 import time
 from pathlib import Path
 
-from activities.checkpoints.engine import CheckpointError, CheckpointTooLarge
-from activities.checkpoints.manifest import (
+from activities.sandbox.base import SandboxError
+from activities.sandbox.checkpointable import (
     MAX_ENTRIES,
     MAX_MARKER_BYTES,
+    CheckpointError,
     CheckpointMarker,
+    CheckpointTooLarge,
     ManifestEntry,
     ScanEntry,
     link_stays_inside,
     safe_relative,
 )
-from activities.sandbox import quota
-from activities.sandbox.base import SandboxError
-from activities.sandbox.hostfs import (
+from activities.sandbox.local import quota
+from activities.sandbox.local.hostfs import (
     CREATE_FLAGS,
     Found,
     TooLarge,

@@ -2,7 +2,7 @@
 
 Every command runs in its own ``bwrap`` with fresh user/pid/net/ipc/uts/cgroup/mount
 namespaces (network: loopback only, and nothing listens on it), no capabilities,
-no nested user namespaces, a seccomp filter (:mod:`activities.sandbox.seccomp`),
+no nested user namespaces, a seccomp filter (:mod:`activities.sandbox.local.seccomp`),
 a read-only ``/usr``, an empty environment, private ``/tmp`` and only
 ``/workspace`` writable and persistent. The command's pid namespace dies with it:
 nothing it started survives ``run()``.
@@ -14,7 +14,7 @@ command always sees uid/gid 1000. When ``bwrap`` is missing or cannot create the
 namespaces, :class:`SandboxUnavailable` is raised: this backend never runs anything
 unsandboxed.
 
-The workspace is held to ``AGENT_SANDBOX_DISK_MB`` (:mod:`activities.sandbox.quota`):
+The workspace is held to ``AGENT_SANDBOX_DISK_MB`` (:mod:`activities.sandbox.local.quota`):
 a root worker that can loop-mount gives each sandbox an ext4 image of that size
 (``backend.quota_mechanism == "loop"``); otherwise the workspace is measured while
 and after each command and before each ``write_file`` (``"measured"``).
@@ -22,7 +22,7 @@ and after each command and before each ``write_file`` (``"measured"``).
 The worker's own access to a workspace (``write_file``, ``read_file``, ``cwd``,
 ``meta.json``, creation, removal, measuring) never blocks on what the sandboxed
 code left there, never follows a link it planted, runs on the backend's own
-bounded thread pools and has a deadline (:mod:`activities.sandbox.hostfs`).
+bounded thread pools and has a deadline (:mod:`activities.sandbox.local.hostfs`).
 
 Known limit, ``/proc/self/mountinfo``: inside the sandbox it lists every mount of
 the command's namespace. With the ``loop`` quota the workspace shows as ``/`` of
@@ -38,16 +38,16 @@ is the sandbox's own unprivileged one.
 
 This module keeps the sandboxes (workspaces, ``meta.json``, file access); the rest lives in:
 
-* :mod:`activities.sandbox.local_limits`: :class:`LocalLimits` and the uid settings;
-* :mod:`activities.sandbox.bwrap`: the ``bwrap`` command line, the child's rlimits
+* :mod:`activities.sandbox.local.limits`: :class:`LocalLimits` and the uid settings;
+* :mod:`activities.sandbox.local.bwrap`: the ``bwrap`` command line, the child's rlimits
   and uid switch (why a root worker does not run commands as root), the probe;
-* :mod:`activities.sandbox.processes`: running a command to its end (output caps,
+* :mod:`activities.sandbox.local.processes`: running a command to its end (output caps,
   timeout, emptying its pid namespace);
-* :mod:`activities.sandbox.hostfs`: non-blocking, no-follow host-side file access;
-* :mod:`activities.sandbox.local_checkpoints`: scanning, reading and rewriting the
+* :mod:`activities.sandbox.local.hostfs`: non-blocking, no-follow host-side file access;
+* :mod:`activities.sandbox.local.checkpoints`: scanning, reading and rewriting the
   workspace for checkpoints (the ``Checkpointable`` methods here are thin wrappers), and
   the checkpoint marker next to ``meta.json``;
-* :mod:`activities.sandbox.quota`: the workspace quota.
+* :mod:`activities.sandbox.local.quota`: the workspace quota.
 """
 
 from __future__ import annotations
@@ -68,8 +68,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from activities.checkpoints.manifest import CheckpointMarker, ManifestEntry, ScanEntry
-from activities.sandbox import local_checkpoints, quota
 from activities.sandbox.base import (
     MAX_READ_BYTES,
     META_RUN,
@@ -86,8 +84,11 @@ from activities.sandbox.base import (
     validate_sandbox_id,
     workspace_relative,
 )
-from activities.sandbox.bwrap import INSTALL_HINT, Spawn, build_spawn, clear_probe_cache, require_bwrap
-from activities.sandbox.hostfs import (
+from activities.sandbox.checkpointable import CheckpointMarker, ManifestEntry, ScanEntry
+from activities.sandbox.local import checkpoints as local_checkpoints
+from activities.sandbox.local import quota
+from activities.sandbox.local.bwrap import INSTALL_HINT, Spawn, build_spawn, clear_probe_cache, require_bwrap
+from activities.sandbox.local.hostfs import (
     CREATE_FLAGS,
     FLATTEN_DEPTH,
     HostExecutor,
@@ -102,8 +103,8 @@ from activities.sandbox.hostfs import (
     walk,
     write_at,
 )
-from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for
-from activities.sandbox.processes import execute, killpg
+from activities.sandbox.local.limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for
+from activities.sandbox.local.processes import execute, killpg
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
