@@ -1,7 +1,7 @@
 """Workspace checkpoints on the local backend: scanning, reading and rewriting a hostile workspace from the host.
 
 The :class:`~activities.sandbox.checkpointable.Checkpointable` methods of
-:class:`~activities.sandbox.local.backend.LocalSandbox` are thin wrappers around the functions
+:class:`~activities.sandbox.local.sandbox.LocalSandbox` are thin wrappers around the functions
 here, which take the workspace's directory fd (opened by the caller, checked to be the
 mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sandbox.local.hostfs`:
 
