@@ -48,7 +48,8 @@ The package's modules:
   and uid switch (why a root worker does not run commands as root), the probe;
 * :mod:`activities.sandbox.local.processes`: running a command to its end (output caps,
   timeout, emptying its pid namespace);
-* :mod:`activities.sandbox.local.hostfs`: non-blocking, no-follow host-side file access;
+* :mod:`activities.sandbox.local.hostfs`: non-blocking, no-follow host-side file access, and
+  :mod:`activities.sandbox.local.trees`: removing, measuring and walking a whole workspace;
 * :mod:`activities.sandbox.local.checkpoints`: scanning, reading and rewriting the
   workspace for checkpoints (``LocalSandbox``'s ``Checkpointable`` methods are thin wrappers), and
   the checkpoint marker next to ``meta.json``;

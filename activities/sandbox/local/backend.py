@@ -37,18 +37,11 @@ from activities.sandbox.base import (
 )
 from activities.sandbox.local import quota
 from activities.sandbox.local.bwrap import INSTALL_HINT, clear_probe_cache, require_bwrap
-from activities.sandbox.local.hostfs import (
-    CREATE_FLAGS,
-    FLATTEN_DEPTH,
-    HostExecutor,
-    locked,
-    open_dir,
-    read_small,
-    remove_tree,
-)
+from activities.sandbox.local.hostfs import CREATE_FLAGS, HostExecutor, locked, open_dir, read_small
 from activities.sandbox.local.limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for
 from activities.sandbox.local.processes import killpg
 from activities.sandbox.local.sandbox import CREATE_TIMEOUT_S, HOST_TIMEOUT_S, META_FILE, WORKSPACE_DIR, LocalSandbox
+from activities.sandbox.local.trees import FLATTEN_DEPTH, remove_tree
 
 log = logging.getLogger(__name__)
 

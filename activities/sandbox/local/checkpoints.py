@@ -8,13 +8,13 @@ mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sa
 * every path is reached component by component from the workspace fd with
   ``O_NOFOLLOW | O_NONBLOCK`` (a planted symlink is never followed, a FIFO never
   opened for reading), walks never enter another filesystem, and every walk is bounded
-  in entries, depth and time (:func:`hostfs.walk_tree`);
+  in entries, depth and time (:func:`trees.walk_tree`);
 * files are read only after an ``lstat`` and an ``fstat`` of the opened fd say they are
   regular (and the same inode): anything else is left out;
 * files and symlinks are (re)created under a fresh ``O_EXCL`` name and renamed over
   their target, given to the sandbox's owner (a root worker's commands run as an
   unprivileged uid, which must be able to modify what a restore wrote), and removal is
-  ``unlinkat``-based (:func:`hostfs.remove_tree_at`): a directory symlink planted where a
+  ``unlinkat``-based (:func:`trees.remove_tree_at`): a directory symlink planted where a
   restored directory goes is unlinked, never descended into.
 
 What a checkpoint holds: regular files (mode: permission bits without setuid/setgid),
@@ -60,18 +60,15 @@ from activities.sandbox.checkpointable import (
 from activities.sandbox.local import quota
 from activities.sandbox.local.hostfs import (
     CREATE_FLAGS,
-    Found,
     TooLarge,
-    WalkLimit,
     chmod_at,
     create_file_at,
     read_at,
     read_small,
-    remove_tree_at,
     temp_name,
     walk,
-    walk_tree,
 )
+from activities.sandbox.local.trees import Found, WalkLimit, remove_tree_at, walk_tree
 
 log = logging.getLogger(__name__)
 

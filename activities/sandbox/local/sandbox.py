@@ -31,18 +31,10 @@ from activities.sandbox.checkpointable import CheckpointMarker, ManifestEntry, S
 from activities.sandbox.local import checkpoints as local_checkpoints
 from activities.sandbox.local import quota
 from activities.sandbox.local.bwrap import Spawn, build_spawn, require_bwrap
-from activities.sandbox.local.hostfs import (
-    HostExecutor,
-    TooLarge,
-    Usage,
-    measure_tree,
-    open_dir,
-    read_at,
-    walk,
-    write_at,
-)
+from activities.sandbox.local.hostfs import HostExecutor, TooLarge, open_dir, read_at, walk, write_at
 from activities.sandbox.local.limits import LocalLimits
 from activities.sandbox.local.processes import execute
+from activities.sandbox.local.trees import Usage, measure_tree
 
 T = TypeVar("T")
 
