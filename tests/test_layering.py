@@ -1,4 +1,6 @@
-"""The import graph shows the layers: no cycles, workflows stay pure, activities never reach the CLI.
+"""The import graph shows the layers: no cycles, workflows stay pure, activities never reach the CLI,
+the model layer (providers) reaches no tool, MCP or store module, and the sandbox layer reaches no
+model, tool, runtime, checkpoint or store module.
 
 Every import counts, including those inside functions: a lazy import that closes a
 cycle is still a cycle (it only moves the failure to the first call).

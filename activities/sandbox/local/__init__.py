@@ -42,7 +42,6 @@ The package's modules:
   (creating, opening, mounting, killing, listing; ``meta.json``);
 * :mod:`activities.sandbox.local.sandbox`: :class:`LocalSandbox`, one sandbox's commands, files and
   checkpoint methods;
-
 * :mod:`activities.sandbox.local.limits`: :class:`LocalLimits` and the uid settings;
 * :mod:`activities.sandbox.local.bwrap`: the ``bwrap`` command line, the child's rlimits
   and uid switch (why a root worker does not run commands as root), the probe;
