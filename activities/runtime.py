@@ -21,8 +21,8 @@ from activities.models.base import FatalProviderError
 from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
 from activities.sandbox.base import SandboxBackend, SandboxUnavailable
-from activities.sandbox.bwrap import require_bwrap
 from activities.sandbox.factory import backend_for
+from activities.sandbox.local.bwrap import require_bwrap
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url

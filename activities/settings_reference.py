@@ -1,6 +1,6 @@
 """What every environment variable ``Settings`` reads means: the source of ``docs/reference/configuration.md``.
 
-``Settings`` (activities/settings.py) stays the only reader of the environment; this table only describes
+``Settings`` (activities/settings/) stays the only reader of the environment; this table only describes
 what it reads. ``scripts/gen_docs.py`` takes each variable's type from the ``Settings`` code that parses it
 and its default from ``Settings.from_env({})`` at ``field``, and writes the page; ``tests/test_docs.py``
 fails when a variable ``Settings`` reads is missing here (or listed here but no longer read), and when the

@@ -33,7 +33,8 @@ from typing import Any
 from activities.checkpoints import engine, ids
 from activities.checkpoints.workspace import Workspace
 from activities.runtime import Runtime
-from activities.sandbox.local import LocalSandbox, require_bwrap
+from activities.sandbox.local.bwrap import require_bwrap
+from activities.sandbox.local.sandbox import LocalSandbox
 from activities.settings import CheckpointSettings, LocalLimits, LocalSandboxSettings, SandboxSettings, Settings
 from bench.report import write_results
 from workflows.types import ToolInvocation

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.checkpoints import engine
-from activities.sandbox.local import LocalLimits, LocalSandboxBackend, require_bwrap
+from activities.sandbox.local.backend import LocalLimits, LocalSandboxBackend, require_bwrap
 from activities.store.sqlite import SQLiteRunStore
 from bench.report import write_results
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from activities.sandbox import seccomp
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend, require_bwrap
+from activities.sandbox.local import seccomp
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend, require_bwrap
 from bench.report import write_results
 
 RESULTS = Path(__file__).parent / "results" / "sandbox_latency.json"

@@ -49,8 +49,10 @@ from activities.checkpoints.fork import ForkActivities
 from activities.crypto.codec import encrypted_converter
 from activities.delegation import DelegationActivities
 from activities.mcp.activity import McpActivities
-from activities.models.activity import ModelActivities
+from activities.mcp.catalog import SnapshotCache
+from activities.model_turn import ModelActivities
 from activities.models.registry import ProviderRegistry
+from activities.run_config import RunConfigActivities
 from activities.runtime import Runtime
 from activities.sandbox.activity import SandboxActivities
 from activities.settings import ConfigurationError, Settings
@@ -103,12 +105,13 @@ def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     """Every activity ``AgentWorkflow`` schedules: run config, model, transcript, sandbox, one per tool."""
-    model = ModelActivities(runtime)
-    sandbox = SandboxActivities(runtime)
+    snapshots = SnapshotCache()  # run_config's MCP snapshots, read by the run's model turns
+    model = ModelActivities(runtime, snapshots)
+    sandbox = SandboxActivities(runtime.sandbox_backend)
     transcript = TranscriptActivities(runtime)
     mcp = McpActivities(runtime)
     return [
-        model.run_config,
+        RunConfigActivities(runtime, snapshots).run_config,
         ApprovalActivities(runtime.settings).verify_decision,
         model.model,
         transcript.transcript_append,

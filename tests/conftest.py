@@ -23,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.runtime import Runtime
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.local.backend import LocalSandboxBackend
 from activities.settings import ExtensionSettings, ProviderEndpoint, Settings
 from tests.fakes.llm_server import FakeLLMServer
 from worker import build_worker
@@ -57,7 +57,7 @@ async def remove_all(backend: LocalSandboxBackend) -> None:
 def _unmount_sandbox_workspaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Sandboxes a test never killed keep their loop-mounted workspace; detach them when the session ends."""
     yield
-    from activities.sandbox import quota
+    from activities.sandbox.local import quota
 
     quota.unmount_under(tmp_path_factory.getbasetemp())
 

@@ -17,8 +17,8 @@ import e2b
 import pytest
 
 from activities.sandbox.base import META_RUN, META_TENANT, SandboxError, SandboxTransient
-from activities.sandbox.e2b import E2BSandbox, E2BSandboxBackend
-from activities.sandbox.local import LocalLimits
+from activities.sandbox.e2b.backend import E2BSandbox, E2BSandboxBackend
+from activities.sandbox.local.backend import LocalLimits
 from activities.settings import E2BConfig, Settings
 from tests.fakes.fake_e2b import FakeCloud
 

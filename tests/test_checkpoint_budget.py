@@ -24,10 +24,10 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.checkpoints import gc, ids
-from activities.checkpoints.manifest import Manifest, ManifestEntry
 from activities.checkpoints.workspace import UNSAVED_RESTORED_NOTE
 from activities.runtime import Runtime
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.checkpointable import Manifest, ManifestEntry
+from activities.sandbox.local.backend import LocalSandboxBackend
 from activities.settings import CheckpointSettings, ConfigurationError, Settings
 from activities.store.base import RunStore
 from activities.tools.activity import tool_activities

@@ -12,7 +12,7 @@ import pytest
 
 from activities.checkpoints import gc
 from activities.checkpoints.gc import GcReport, collect, workflow_of
-from activities.checkpoints.manifest import Manifest, ManifestEntry
+from activities.sandbox.checkpointable import Manifest, ManifestEntry
 from activities.store.base import RunStore, StoreError, blob_digest
 from activities.store.sqlite import SQLiteRunStore
 from workflows.types import Message, RecordedToolCall

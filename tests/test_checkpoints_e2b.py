@@ -17,14 +17,14 @@ from typing import Any
 import e2b
 import pytest
 
-import activities.sandbox.e2b_checkpoints as e2b_checkpoints
+import activities.sandbox.e2b.checkpoints as e2b_checkpoints
 from activities.checkpoints import engine
-from activities.checkpoints.engine import EMPTY, CheckpointError, CheckpointTooLarge
-from activities.checkpoints.manifest import MAX_ENTRIES, CheckpointMarker
+from activities.checkpoints.engine import EMPTY
 from activities.sandbox.base import SandboxMissing, SandboxTransient
-from activities.sandbox.e2b import E2BSandbox, E2BSandboxBackend
-from activities.sandbox.e2b_checkpoints import MARKER_PATH, extract_files, parse_scan
-from activities.sandbox.local import LocalLimits
+from activities.sandbox.checkpointable import MAX_ENTRIES, CheckpointError, CheckpointMarker, CheckpointTooLarge
+from activities.sandbox.e2b.backend import E2BSandbox, E2BSandboxBackend
+from activities.sandbox.e2b.checkpoints import MARKER_PATH, extract_files, parse_scan
+from activities.sandbox.local.backend import LocalLimits
 from activities.settings import E2BConfig
 from activities.store.sqlite import SQLiteRunStore
 from tests.fakes.fake_e2b import FakeCloud, FakeDisk

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from activities.checkpoints import engine
-from activities.checkpoints.engine import CheckpointTooLarge
-from activities.checkpoints.manifest import MAX_ENTRIES, CheckpointMarker, Manifest, ManifestEntry
-from activities.sandbox import local_checkpoints, quota
 from activities.sandbox.base import SandboxMissing
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
+from activities.sandbox.checkpointable import MAX_ENTRIES, CheckpointMarker, CheckpointTooLarge, Manifest, ManifestEntry
+from activities.sandbox.local import checkpoints as local_checkpoints
+from activities.sandbox.local import quota
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.store.sqlite import SQLiteRunStore
 from tests.conftest import remove_all, require_bwrap
 

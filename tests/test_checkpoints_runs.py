@@ -25,7 +25,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.checkpoints.workspace import RESTORED_NOTE
 from activities.runtime import Runtime
-from activities.sandbox.e2b import E2BSandboxBackend
+from activities.sandbox.e2b.backend import E2BSandboxBackend
 from activities.settings import E2BConfig, Settings
 from activities.tools.activity import tool_activities
 from durable_agents.cli.fork import reset_event_for_step

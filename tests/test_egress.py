@@ -29,7 +29,7 @@ from activities.catalog import tool_registry
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, ObservabilitySettings, Settings, TemporalSettings, WorkerSettings
 from activities.tools import ToolContext, ToolError
-from activities.tools.egress import canonical_url, host_allowed
+from activities.tools.urls import canonical_url, host_allowed
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.fakes.worker_proc import DevServer, free_port

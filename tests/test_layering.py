@@ -1,4 +1,6 @@
-"""The import graph shows the layers: no cycles, workflows stay pure, activities never reach the CLI.
+"""The import graph shows the layers: no cycles, workflows stay pure, activities never reach the CLI,
+the model layer (providers) reaches no tool, MCP or store module, and the sandbox layer reaches no
+model, tool, runtime, checkpoint or store module.
 
 Every import counts, including those inside functions: a lazy import that closes a
 cycle is still a cycle (it only moves the failure to the first call).
@@ -134,4 +136,76 @@ def test_only_settings_reads_the_environment() -> None:
         for needle in ("os.environ", "os.getenv", "getenv("):
             if needle in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert not offenders, offenders
+
+
+def import_chain(graph: dict[str, set[str]], start: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The shortest chain of imports from ``start`` to a module of one of the ``forbidden`` packages ([] if none)."""
+    parents: dict[str, str] = {start: ""}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node]):
+            if nxt in parents:
+                continue
+            parents[nxt] = node
+            if in_package(nxt, forbidden):
+                chain = [nxt]
+                while parents[chain[-1]]:
+                    chain.append(parents[chain[-1]])
+                return chain[::-1]
+            queue.append(nxt)
+    return []
+
+
+def in_package(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def layer_offenders(layer: str, forbidden: tuple[str, ...]) -> list[str]:
+    """One import chain for each module of ``layer`` that reaches a ``forbidden`` package, directly or not."""
+    graph = import_graph()
+    chains = (import_chain(graph, module, forbidden) for module in sorted(graph) if in_package(module, (layer,)))
+    return [" -> ".join(chain) for chain in chains if chain]
+
+
+def test_the_chain_finder_follows_imports_to_the_first_forbidden_module() -> None:
+    graph = {"a": {"b"}, "b": {"c.x"}, "c.x": set(), "cc": set(), "d": {"cc"}}
+    assert import_chain(graph, "a", ("c",)) == ["a", "b", "c.x"]
+    assert import_chain(graph, "d", ("c",)) == []  # "cc" is not in package "c"
+    assert import_chain(graph, "c.x", ("a",)) == []
+
+
+# The sandbox layer sits below the model, tool and checkpoint layers: a backend is handed what it needs,
+# never the Runtime (which holds the providers and the tool registry).
+SANDBOX_MUST_NOT_REACH = (
+    "activities.models",
+    "activities.tools",
+    "activities.mcp",
+    "activities.runtime",
+    "activities.checkpoints",
+    "activities.store",
+)
+
+
+def test_the_sandbox_layer_never_reaches_the_model_tool_or_checkpoint_layers() -> None:
+    offenders = layer_offenders("activities.sandbox", SANDBOX_MUST_NOT_REACH)
+    assert not offenders, offenders
+
+
+# The model layer is the providers (``ModelProvider``, the registry, prices): it knows nothing of tools, MCP,
+# sandboxes or the run store. The activities that put a turn together (``model``: activities/model_turn.py;
+# ``run_config``: activities/run_config.py) sit above it.
+MODELS_MUST_NOT_REACH = (
+    "activities.tools",
+    "activities.mcp",
+    "activities.subagents",
+    "activities.runtime",
+    "activities.sandbox",
+    "activities.store",
+)
+
+
+def test_the_model_layer_never_reaches_the_tool_registry_mcp_or_the_run_store() -> None:
+    offenders = layer_offenders("activities.models", MODELS_MUST_NOT_REACH)
     assert not offenders, offenders

@@ -12,7 +12,7 @@ from pathlib import Path
 from temporalio.testing import WorkflowEnvironment
 
 from activities.sandbox.base import META_RUN
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.local.backend import LocalSandboxBackend
 from tests.conftest import require_bwrap
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from activities.sandbox import hostfs, quota
 from activities.sandbox.base import SandboxError
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
+from activities.sandbox.local import quota, trees
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.settings import Settings
 from activities.tools import builtins
 from activities.tools.spec import ToolContext, ToolError
@@ -333,7 +333,7 @@ async def test_measured_quota_kills_a_writer_that_never_stops(measured: LocalSan
     # Killed by the quota, not by the command's time limit (that would say so instead).
     assert result.exit_code != 0, result.stderr
     assert "[sandbox] killed: the workspace holds" in result.stderr
-    used = hostfs.measure_tree(box.workspace, max_entries=10**6, max_depth=1000, budget_s=10).used_bytes
+    used = trees.measure_tree(box.workspace, max_entries=10**6, max_depth=1000, budget_s=10).used_bytes
     assert used < 8 * MIB + 64 * MIB, used  # bounded by what it writes between two checks (50 ms apart)
     await box.kill()
     assert not box.directory.exists()
@@ -345,13 +345,13 @@ def test_measuring_is_bounded_and_never_follows_links(tmp_path: Path) -> None:
     (tree / "a" / "b" / "data").write_bytes(b"z" * (2 * MIB))
     os.link(tree / "a" / "b" / "data", tree / "hardlink")  # counted once
     (tree / "up").symlink_to(tmp_path)  # never followed
-    usage = hostfs.measure_tree(tree, max_entries=100, max_depth=10, budget_s=5)
+    usage = trees.measure_tree(tree, max_entries=100, max_depth=10, budget_s=5)
     assert not usage.incomplete and 2 * MIB <= usage.used_bytes < 3 * MIB
     deep = tree
     for _ in range(20):
         deep = deep / "d"
         deep.mkdir()
-    assert "deeper than 10" in hostfs.measure_tree(tree, max_entries=100, max_depth=10, budget_s=5).incomplete
+    assert "deeper than 10" in trees.measure_tree(tree, max_entries=100, max_depth=10, budget_s=5).incomplete
     for i in range(50):
         (tree / f"n{i}").touch()
-    assert "more than 30 files" in hostfs.measure_tree(tree, max_entries=30, max_depth=100, budget_s=5).incomplete
+    assert "more than 30 files" in trees.measure_tree(tree, max_entries=30, max_depth=100, budget_s=5).incomplete

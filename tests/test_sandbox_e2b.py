@@ -34,7 +34,7 @@ from activities.sandbox.base import (
     SandboxTransient,
     SandboxUnavailable,
 )
-from activities.sandbox.e2b import (
+from activities.sandbox.e2b.backend import (
     APP,
     META_APP_KEY,
     META_RUN_KEY,
@@ -45,7 +45,7 @@ from activities.sandbox.e2b import (
     idempotency_key,
 )
 from activities.sandbox.factory import backend_for
-from activities.sandbox.local import LocalLimits
+from activities.sandbox.local.backend import LocalLimits
 from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, E2BConfig, SandboxSettings, Settings
 from activities.tools import ToolContext, ToolError

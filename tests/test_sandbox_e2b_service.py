@@ -19,8 +19,8 @@ import e2b
 import pytest
 
 from activities.sandbox.base import MAX_READ_BYTES, SandboxError, SandboxMissing, SandboxTransient, SandboxUnavailable
-from activities.sandbox.e2b import E2BSandbox, E2BSandboxBackend
-from activities.sandbox.local import LocalLimits
+from activities.sandbox.e2b.backend import E2BSandbox, E2BSandboxBackend
+from activities.sandbox.local.backend import LocalLimits
 from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, Settings
 from tests.e2b_support import (  # noqa: F401  (the *_fixture names register the fixtures)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 
 PROJECT = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"

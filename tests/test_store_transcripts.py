@@ -9,7 +9,8 @@ import psycopg
 import pytest
 
 from activities.store import RunStore, StoreError, open_store
-from activities.store.postgres import _MIGRATIONS, PostgresRunStore
+from activities.store.postgres import PostgresRunStore
+from activities.store.schema import POSTGRES_MIGRATIONS
 from tests.test_store_blobs import query
 from workflows.types import Message, RecordedToolCall
 
@@ -235,7 +236,7 @@ async def test_the_index_migration_applies_to_a_database_of_the_previous_version
             "CREATE TABLE schema_migrations"
             " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
-        for version, sql in enumerate(_MIGRATIONS[:3], start=1):
+        for version, sql in enumerate(POSTGRES_MIGRATIONS[:3], start=1):
             await conn.execute(sql)
             await conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
         await conn.execute("INSERT INTO blobs VALUES ('sha256:x', 1, 'raw', 'x', 1.0)")
@@ -245,5 +246,5 @@ async def test_the_index_migration_applies_to_a_database_of_the_previous_version
     finally:
         await store.close()
     rows = await query(postgres_db_url, "SELECT version FROM schema_migrations ORDER BY version")
-    assert [v for (v,) in rows] == list(range(1, len(_MIGRATIONS) + 1))
+    assert [v for (v,) in rows] == list(range(1, len(POSTGRES_MIGRATIONS) + 1))
     assert await query(postgres_db_url, "SELECT 1 FROM pg_indexes WHERE indexname = 'blobs_created'") == [(1,)]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from activities.catalog import tool_registry
-from activities.sandbox.local import LocalLimits, LocalSandbox, LocalSandboxBackend, clear_probe_cache
+from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend, clear_probe_cache
 from activities.settings import Settings
 from activities.tools import ToolContext, ToolError
 from activities.tools.http import MAX_HTTP_BODY_BYTES, HttpRequestArgs

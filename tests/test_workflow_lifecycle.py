@@ -18,7 +18,7 @@ from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.models.activity import ModelActivities
+from activities.model_turn import ModelActivities
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint
 from activities.tools.activity import tool_activities

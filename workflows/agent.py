@@ -9,8 +9,6 @@ tool calls and previews only, so it grows linearly with the number of steps.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -21,41 +19,41 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.approvals import ALREADY_DECIDED, ApprovalBook, Outcome, Problem, Verdict
+    from workflows.approval_handlers import (
+        HOUSEKEEPING_RETRY,
+        HOUSEKEEPING_TIMEOUT,
+        REFUSAL_EVENT_EVERY,
+        REFUSAL_EVENTS,
+        REFUSAL_LINES_PER_TASK,
+        ApprovalHandlers,
+    )
+    from workflows.approvals import ApprovalBook
     from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem
-    from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, quote, safe
+    from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, safe
     from workflows.limits import deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
-    from workflows.progress import FORK_OF, PUBLISH_SIGNAL, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
+    from workflows.progress import FORK_OF, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.run_failure import FAILING_STATUSES, run_failed_error
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
-        MAX_CHILD_APPROVALS,
         AgentInput,
         AgentResult,
-        ApproveSignal,
         Carry,
-        ChildApprovalsSignal,
         CompensationRequest,
-        DecideRequest,
-        DecideResult,
         ForkRequest,
         ForkResult,
         Message,
         ModelRequest,
         ModelTurn,
         PendingApproval,
-        RejectSignal,
-        ResolveSignal,
         ResultStatus,
         RunConfig,
         RunConfigRequest,
         RunState,
         SandboxRequest,
-        SignatureCheck,
         StatusView,
         TranscriptEntry,
         TreeBudget,
@@ -68,20 +66,8 @@ with workflow.unsafe.imports_passed_through():
 # Callers still see the contract's models.
 if TYPE_CHECKING:
     RunInput = AgentInput | dict[str, Any] | RawValue
-    ApproveInput = ApproveSignal | RawValue
-    RejectInput = RejectSignal | RawValue
-    ResolveInput = ResolveSignal | RawValue
-    DecideInput = DecideRequest | RawValue
-    ChildApprovalsInput = ChildApprovalsSignal | RawValue
 else:
-    RunInput = ApproveInput = RejectInput = ResolveInput = DecideInput = ChildApprovalsInput = RawValue
-
-# Refusals are all counted and the last 20 listed in the status view; the progress stream gets
-# the first REFUSAL_EVENTS of them, then one summary every REFUSAL_EVENT_EVERY, so that a flood
-# of junk signals cannot push a run's own events out of the stream.
-REFUSAL_EVENTS = 20
-REFUSAL_EVENT_EVERY = 100
-REFUSAL_LINES_PER_TASK = 5  # log lines of refusals one activation writes at most (the status counts them all)
+    RunInput = RawValue
 
 MODEL_TIMEOUT = timedelta(seconds=180)
 MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=20)  # a killed worker's model call is retried within ~20 s
@@ -95,8 +81,6 @@ MODEL_RETRY = RetryPolicy(
 # A failed transcript append no longer skips the sandbox kill (each cleanup step runs on its own).
 CLEANUP_STEPS_PATCH = "cleanup-steps-independent-v1"
 BUDGET_EXHAUSTED = "BudgetExhausted"  # the model activity's refusal: the tree of runs spent its budget
-HOUSEKEEPING_TIMEOUT = timedelta(seconds=30)
-HOUSEKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent running inside a durable runtime. Use the tools to do the task; "
     "code runs in an isolated sandbox with no network. When you are done, answer without calling tools."
@@ -104,7 +88,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 @workflow.defn(name="AgentWorkflow")
-class AgentWorkflow:
+class AgentWorkflow(ApprovalHandlers):
     @workflow.init
     @one_payload
     def __init__(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> None:
@@ -173,239 +157,6 @@ class AgentWorkflow:
             notes=self._start_notes,
             subagents=sorted(self._live_children),
         )
-
-    # --- approvals: three signals and one update, one semantics ------------------------
-    # Anyone who can signal the run can send anything: each handler takes the raw payload,
-    # refuses what does not decode (one log line, counted in the status view) and bounds what
-    # it keeps.
-
-    @workflow.signal(name="approve")
-    @one_payload
-    async def approve(self, raw: ApproveInput = NO_PAYLOAD, *extra: Any) -> None:
-        decision = decode(raw, ApproveSignal, extra)
-        if isinstance(decision, str):
-            self._refuse("malformed", f"refused approve signal: {decision}")
-            return
-        await self._decide(DecideRequest(decision="approve", **decision.model_dump()), source="signal")
-
-    @workflow.signal(name="reject")
-    @one_payload
-    async def reject(self, raw: RejectInput = NO_PAYLOAD, *extra: Any) -> None:
-        decision = decode(raw, RejectSignal, extra)
-        if isinstance(decision, str):
-            self._refuse("malformed", f"refused reject signal: {decision}")
-            return
-        fields = decision.model_dump()
-        fields["comment"] = fields.pop("reason")
-        await self._decide(DecideRequest(decision="reject", **fields), source="signal")
-
-    @workflow.signal(name="resolve")
-    @one_payload
-    async def resolve(self, raw: ResolveInput = NO_PAYLOAD, *extra: Any) -> None:
-        decision = decode(raw, ResolveSignal, extra)
-        if isinstance(decision, str):
-            self._refuse("malformed", f"refused resolve signal: {decision}")
-            return
-        fields = decision.model_dump()
-        await self._decide(DecideRequest(decision=fields.pop("resolution"), **fields), source="signal")
-
-    @workflow.signal(name="child_approvals")
-    @one_payload
-    def child_approvals(self, raw: ChildApprovalsInput = NO_PAYLOAD, *extra: Any) -> None:
-        """A sub-agent says what waits in its part of the tree: a hint for people, never a decision's basis.
-
-        A signal names no sender, so anyone may send this one, naming any live child (child ids
-        are predictable). Nothing here is trusted for a decision: ``approve`` / ``reject`` ask
-        the run that owns an approval for its own entry (``durable_agents.cli.owners``), and
-        ``pending`` asks every run of the tree (the sub-agents a run started are in its status,
-        ``subagents``, from its own state). What this run keeps is bounded and shown as relayed:
-
-        - a report naming any run outside the child's own subtree is refused and counted
-          (``foreign_approval``): a genuine child never reports one;
-        - the newest report to arrive wins. ``seq`` is not trusted to order them: a forged
-          ``seq`` of 10**9 used to make the parent drop every later genuine report; now a
-          forged report stands only until the child's next one.
-
-        Asking the children from here instead (a doorbell signal, then an activity querying
-        the child) would add commands to every parent's history for a view the readers that
-        act on it can get themselves, and could still not prove who rang.
-        """
-        report = decode(raw, ChildApprovalsSignal, extra)
-        if isinstance(report, str):
-            self._refuse("malformed", f"refused child_approvals signal: {report}")
-            return
-        child_id = report.child_id
-        if child_id not in self._child_ids:
-            self._refuse("unknown_child", f"refused child_approvals signal: {quote(child_id)} is no child")
-            return
-        if child_id not in self._live_children:
-            return  # it ended: nothing of it waits any more (a last report may arrive after the end)
-        owners = [a.workflow_id or child_id for a in report.approvals]
-        foreign = [o for o in owners if o != child_id and not o.startswith(f"{child_id}/")]
-        if foreign:
-            self._refuse(
-                "foreign_approval",
-                f"refused child_approvals signal from {quote(child_id)}: {len(foreign)} of its "
-                f"{len(owners)} approvals name runs outside its subtree, e.g. {quote(foreign[0])}",
-            )
-            return
-        approvals = [a.model_copy(update={"workflow_id": o}) for a, o in zip(report.approvals, owners, strict=True)]
-        self._child_pending[child_id] = (report.seq, approvals)
-        self._emit("approval_requested", f"sub-agent {child_id} reports {len(approvals)} waiting approval(s)")
-
-    def _child_started(self, child_id: str) -> None:
-        self._child_ids.add(child_id)
-        self._live_children.add(child_id)
-
-    def _child_ended(self, child_id: str) -> None:
-        self._live_children.discard(child_id)
-        if self._child_pending.pop(child_id, None) is not None:
-            self._emit("approval_decided", f"sub-agent {child_id} ended; nothing of it waits any more")
-
-    def _pending_in_tree(self) -> list[PendingApproval]:
-        """This run's pending approvals (its own book: ``workflow_id`` empty), then what its sub-agents
-        reported (each naming the run that waits for it: relayed, to be checked with that run)."""
-        found = self._book.views()
-        theirs = [a for child_id in sorted(self._child_pending) for a in self._child_pending[child_id][1]]
-        return found + theirs[:MAX_CHILD_APPROVALS]
-
-    def _report_to_parent(self, pending: list[PendingApproval]) -> None:
-        """A sub-agent tells its parent when what waits in its part of the tree changed."""
-        parent = workflow.info().parent
-        if parent is None or not self._child_reports_on:
-            return
-        keys = [(a.workflow_id, a.approval_id) for a in pending]
-        if keys == self._reported:
-            return
-        self._reported = keys
-        self._report_seq += 1
-        me = workflow.info().workflow_id
-        report = ChildApprovalsSignal(
-            child_id=me,
-            seq=self._report_seq,
-            approvals=[
-                a.model_copy(update={"workflow_id": a.workflow_id or me, "args": _bounded_args(a.args)})
-                for a in pending[:MAX_CHILD_APPROVALS]
-            ],
-        )
-        task = asyncio.ensure_future(_signal_parent(parent.workflow_id, report))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
-
-    @workflow.signal(dynamic=True)
-    def _unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        # Without this, the SDK would keep every signal of an unknown name in memory for good.
-        if name == PUBLISH_SIGNAL:  # sent before the stream's handler was registered
-            self._refuse_publish()
-            return
-        self._refuse("unknown_signal", f"refused signal {quote(name)}: this run has only approve, reject and resolve")
-
-    @one_payload
-    def _refuse_publish(self, raw: RawValue = NO_PAYLOAD, *extra: Any) -> None:
-        self._refuse("stream_publish", "refused a progress stream publish from outside the run")
-
-    @workflow.update(name="decide")
-    @one_payload
-    async def decide_update(self, raw: DecideInput = NO_PAYLOAD, *extra: Any) -> DecideResult:
-        request = decode(raw, DecideRequest, extra)
-        if isinstance(request, str):  # the validator refuses these; it is skipped only on replay
-            raise ApplicationError(f"malformed decide request: {request}", type="DecisionRefused", non_retryable=True)
-        return await self._decide(request, source="update")
-
-    @decide_update.validator
-    @one_payload
-    def _validate_decide(self, raw: DecideInput = NO_PAYLOAD, *extra: Any) -> None:
-        # Refused updates never reach history (so they cannot be counted); the caller gets the reason at once,
-        # as a non-retryable failure: asking again cannot change the answer. A decision for an approval that
-        # was already decided is not refused here: the handler answers it ``accepted: false`` (a reviewer who
-        # lost a race, or a retried request, gets an answer rather than an error).
-        request = decode(raw, DecideRequest, extra)
-        if isinstance(request, str):
-            workflow.logger.warning("refused decide update: %s", request)
-            raise ApplicationError(f"malformed decide request: {request}", type="DecisionRefused", non_retryable=True)
-        problem = self._book.problem(
-            request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
-        )
-        if problem is not None and problem.kind != ALREADY_DECIDED:
-            workflow.logger.warning(
-                "refused %s by %s via update: %s", request.decision, quote(request.reviewer), problem.text
-            )
-            raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
-
-    async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
-        aid = request.approval_id
-        problem = self._book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
-        if problem is None and self._book.signing_required:
-            problem = await self._signature_problem(request)
-            # The book may have changed while the signature was checked.
-            problem = problem or self._book.problem(
-                aid, request.decision, request.reviewer, request.signature, workflow.now()
-            )
-        if problem is not None:
-            self._refuse(
-                problem.kind,
-                f"refused {request.decision} by {quote(request.reviewer)} via {source}: {problem.text}",
-                approval_id=aid,
-            )
-            if source == "update" and problem.kind != ALREADY_DECIDED:
-                raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
-            return DecideResult(accepted=False, message=problem.text)
-        outcome: Outcome = _OUTCOMES[request.decision]
-        self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
-        workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
-        self._emit("approval_decided", f"{aid} {outcome} by {request.reviewer}", approval_id=aid, outcome=outcome)
-        return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
-
-    def _refuse(self, kind: str, message: str, approval_id: str = "") -> None:
-        """List and count the refusal; log it and tell the progress stream, both throttled.
-
-        A constant cost whatever the flood: the server hands every signal that arrived meanwhile
-        to one activation (a thousand, under load), which must finish within the SDK's 2 s
-        deadlock limit. Logging each refusal was what broke it on a busy machine: every log line
-        is a write that lets go of the GIL, and taking it back waits for the worker's other
-        threads, so 500 lines cost seconds however little CPU they took. So the first
-        ``REFUSAL_EVENTS`` refusals of a run get a line (and an event) each, then one line every
-        ``REFUSAL_EVENT_EVERY`` (a count of the run's refusals, not of how the server batched
-        them), and one activation writes at most ``REFUSAL_LINES_PER_TASK`` of those lines.
-        """
-        self._book.refuse(kind, message)
-        total = self._book.refused_total
-        data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
-        if total <= REFUSAL_EVENTS:
-            self._log_refusal(message)
-            self._emit("decision_refused", message, **data)
-        elif total % REFUSAL_EVENT_EVERY == 0:
-            summary = f"{total} signals and decisions refused so far (status counts each by reason); latest: {message}"
-            self._log_refusal(summary)
-            self._emit("decision_refused", summary, **data)
-
-    def _log_refusal(self, line: str) -> None:
-        if self._refusal_lines == 0:  # the first of this activation: count again from the next one on
-            asyncio.get_running_loop().call_soon(self._reset_refusal_lines)
-        self._refusal_lines += 1
-        if self._refusal_lines <= REFUSAL_LINES_PER_TASK:
-            workflow.logger.warning(line)
-
-    def _reset_refusal_lines(self) -> None:
-        self._refusal_lines = 0
-
-    async def _signature_problem(self, request: DecideRequest) -> Problem | None:
-        approval = self._book.pending[request.approval_id]
-        check = SignatureCheck(
-            approval_id=request.approval_id,
-            decision=request.decision,
-            reviewer=request.reviewer,
-            expires_at=approval.expires_at,
-            signature=request.signature,
-        )
-        valid = await workflow.execute_local_activity(
-            "verify_decision",
-            check,
-            result_type=bool,
-            start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
-            retry_policy=HOUSEKEEPING_RETRY,
-        )
-        return None if valid else Problem("bad_signature", "the decision's signature does not verify")
 
     # --- the loop --------------------------------------------------------------------
 
@@ -766,23 +517,6 @@ def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:
     return policy
 
 
-REPORTED_ARGS_CHARS = 4000  # of one approval's arguments in a report to the parent (signals are size-limited)
-
-
-def _bounded_args(args: dict[str, Any]) -> dict[str, Any]:
-    text = json.dumps(args, sort_keys=True, default=str)
-    if len(text) <= REPORTED_ARGS_CHARS:
-        return args
-    return {"_preview": safe(text, REPORTED_ARGS_CHARS), "_note": "arguments cut; see the sub-agent's own status"}
-
-
-async def _signal_parent(parent_id: str, report: ChildApprovalsSignal) -> None:
-    try:
-        await workflow.get_external_workflow_handle(parent_id).signal("child_approvals", report)
-    except Exception as err:  # the parent is gone: nobody to tell
-        workflow.logger.warning("could not tell parent %s about pending approvals: %s", parent_id, err)
-
-
 def _minus(total: Usage, part: Usage) -> Usage:
     return Usage(
         input_tokens=total.input_tokens - part.input_tokens,
@@ -795,10 +529,12 @@ def _invalid_input(problem: str) -> ApplicationError:
     return ApplicationError(f"invalid run input: {problem}", type="InvalidInput", non_retryable=True)
 
 
-_OUTCOMES: dict[str, Outcome] = {
-    "approve": "approved",
-    "reject": "rejected",
-    "retry": "retry",
-    "mark_done": "mark_done",
-    "fail": "fail",
-}
+__all__ = [
+    "HOUSEKEEPING_RETRY",
+    "HOUSEKEEPING_TIMEOUT",
+    "REFUSAL_EVENTS",
+    "REFUSAL_EVENT_EVERY",
+    "REFUSAL_LINES_PER_TASK",
+    "AgentWorkflow",
+    "RunInput",
+]

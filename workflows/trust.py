@@ -34,7 +34,7 @@ from workflows.inputs import quote
 from workflows.types import SUBAGENT_NAME_PATTERN, AgentInput
 
 # A conversation id is ``<workflow id>/<first run id>``, plus one ``~<10 hex>`` per branch a reset
-# made (activities/models/activity.py, ``_branch_after_reset``); run ids are the server's UUIDs.
+# made (activities/model_turn.py, ``_branch_after_reset``); run ids are the server's UUIDs.
 RUN_SEGMENT = r"[^/~]{1,100}"
 BRANCHES = r"(?:~[0-9a-f]{10})*"
 _BRANCH_SUFFIX = re.compile(r"~[0-9a-f]{10}$")

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
-from activities.checkpoints.manifest import MAX_ENTRIES, CheckpointMarker, Manifest, ManifestEntry, ScanEntry
-from activities.sandbox.base import SandboxError
+from activities.sandbox.checkpointable import (
+    MAX_ENTRIES,
+    Checkpointable,
+    CheckpointError,
+    CheckpointMarker,
+    CheckpointTooLarge,
+    Manifest,
+    ManifestEntry,
+)
 from activities.store.base import RunStore
 
 EMPTY = ""  # the id of "no checkpoint yet": an empty workspace
-
-
-class CheckpointError(SandboxError):
-    """A checkpoint could not be taken or restored (shown to the model as a tool error)."""
-
-
-class CheckpointTooLarge(CheckpointError):
-    """The workspace is over ``AGENT_CHECKPOINT_MAX_MB`` (or ``MAX_ENTRIES`` entries)."""
 
 
 class CheckpointBudgetExceeded(CheckpointError):
@@ -38,39 +36,6 @@ class CheckpointBudgetExceeded(CheckpointError):
 
 class CheckpointMissing(CheckpointError):
     """A checkpoint (or one of its files) is not in the run store."""
-
-
-class Checkpointable(Protocol):
-    """What a sandbox backend provides for checkpoints (see ``activities.sandbox.local`` and ``.e2b``)."""
-
-    async def scan_workspace(self, *, max_entries: int) -> list[ScanEntry]:
-        """Every file, directory and inside-pointing symlink of the workspace, without following links.
-
-        Devices, sockets, FIFOs and symlinks pointing outside the workspace are left out.
-        :class:`CheckpointTooLarge` when there are more than ``max_entries``.
-        """
-        ...
-
-    async def read_workspace_files(self, paths: list[str], *, max_bytes: int) -> dict[str, bytes]:
-        """The contents of these regular files (never following a link); :class:`CheckpointTooLarge` over
-        ``max_bytes`` in total. A path that is no longer a regular file is left out of the result."""
-        ...
-
-    async def apply_workspace(
-        self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]
-    ) -> None:
-        """Make the workspace hold exactly ``entries`` (file contents from ``contents`` by hash).
-
-        Files in ``keep`` already hold their entry's content and are left as they are (their mode is
-        set); everything not in ``entries`` is removed.
-        """
-        ...
-
-    async def checkpoint_marker(self) -> CheckpointMarker | None:
-        """The marker written by the last ``set_checkpoint_marker`` of this sandbox, or None."""
-        ...
-
-    async def set_checkpoint_marker(self, marker: CheckpointMarker) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from activities.checkpoints.ids import real_base
-from activities.checkpoints.manifest import Manifest
+from activities.sandbox.checkpointable import Manifest
 from activities.store.base import BlobCorrupt, RunStore, StoredMessage, is_blob_digest
 
 log = logging.getLogger(__name__)

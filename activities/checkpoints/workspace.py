@@ -22,8 +22,8 @@ from typing import Any
 import structlog
 
 from activities.checkpoints import engine, ids
-from activities.checkpoints.manifest import CheckpointMarker
 from activities.runtime import Runtime
+from activities.sandbox.checkpointable import CheckpointError, CheckpointMarker, CheckpointTooLarge
 from activities.store.checkpoint_usage import STOPPED
 from workflows.types import ToolInvocation
 
@@ -69,7 +69,7 @@ class Workspace:
         target = ids.real_base(expected)  # a step with no checkpoint of its own: the last one before it
         try:
             written = await engine.restore(sandbox, self._rt.store, target, max_bytes=self._max_bytes)
-        except engine.CheckpointError as exc:
+        except CheckpointError as exc:
             # Never wedge the run: it goes on with the workspace as it is, and says so.
             log.warning("workspace_restore_failed", expected=expected, held=held, error=str(exc))
             return f"[sandbox] note: the workspace could not be restored to the run's last checkpoint ({exc})."
@@ -106,7 +106,7 @@ class Workspace:
                 f"run store (AGENT_CHECKPOINT_RUN_MAX_MB; {exc})"
             )
             return await self._stop(sandbox, run, why)
-        except engine.CheckpointTooLarge as exc:
+        except CheckpointTooLarge as exc:
             log.warning("workspace_checkpoint_refused", error=str(exc))
             return await self._unsaved(sandbox, f"\n[checkpoint] {exc}")
         except Exception as exc:  # the tool ran: its result stands, and a retry must not run it again

@@ -31,6 +31,7 @@ MAX_MCP_TOOLS_PER_RUN = 128  # model APIs accept about this many tools, and ever
 MAX_DESCRIPTION_CHARS = 4000
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_ARGUMENTS_BYTES = 64 * 1024
+MAX_CACHED_SNAPSHOTS = 256  # of one worker (SnapshotCache)
 START_SLACK_S = 15  # the activity's timeout over the call's: room to (re)start the server first
 # run_config is a local activity with a 30 s timeout: listing must end before it, whatever a server's startup_timeout_s.
 LIST_AT_START_TIMEOUT_S = 25
@@ -62,6 +63,27 @@ class McpSnapshot(BaseModel):
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
+
+
+class SnapshotCache:
+    """The snapshots this worker stored or read, as tools by name, by digest (the oldest goes first past ``size``).
+
+    ``run_config`` puts the snapshot it stores here, so that the run's model turns on this worker need
+    not read it back from the run store.
+    """
+
+    def __init__(self, size: int = MAX_CACHED_SNAPSHOTS) -> None:
+        self._size = size
+        self._tools: dict[str, dict[str, McpToolDef]] = {}
+
+    def get(self, digest: str) -> dict[str, McpToolDef] | None:
+        return self._tools.get(digest)
+
+    def remember(self, digest: str, snapshot: McpSnapshot) -> dict[str, McpToolDef]:
+        if len(self._tools) >= self._size:
+            self._tools.pop(next(iter(self._tools)))
+        tools = self._tools[digest] = snapshot.by_name()
+        return tools
 
 
 def is_mcp_name(name: str) -> bool:

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.runtime import Runtime
-from activities.sandbox.base import SandboxUnavailable
+from activities.sandbox.base import SandboxBackend, SandboxUnavailable
 from workflows.types import SandboxRef, SandboxRequest
 
 
 class SandboxActivities:
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
+    """The two activities, over the worker's backend (``backend()`` returns it, or raises ``SandboxUnavailable``).
+
+    Handed the backend, not the Runtime: the sandbox layer sits below the model and tool layers.
+    """
+
+    def __init__(self, backend: Callable[[], SandboxBackend]) -> None:
+        self._backend = backend
 
     @activity.defn(name="sandbox_create")
     async def sandbox_create(self, req: SandboxRequest) -> SandboxRef:
         """Create the run's sandbox (idempotent on ``sandbox_id``)."""
         try:
-            backend = self._rt.sandbox_backend()
+            backend = self._backend()
             sandbox = await backend.create(
                 req.sandbox_id, metadata={"conversation_id": req.conversation_id, "tenant": req.tenant}
             )
@@ -31,7 +37,7 @@ class SandboxActivities:
     async def sandbox_kill(self, req: SandboxRequest) -> None:
         """Kill the run's sandbox (idempotent). Transient backend errors propagate and are retried."""
         try:
-            killed = await self._rt.sandbox_backend().kill(req.sandbox_id)
+            killed = await self._backend().kill(req.sandbox_id)
         except SandboxUnavailable as exc:
             activity.logger.warning("cannot kill sandbox %s: %s", req.sandbox_id, exc)
             return

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from activities.sandbox.base import SandboxBackend, SandboxUnavailable
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.local.backend import LocalSandboxBackend
 from activities.settings import SANDBOX_BACKENDS, Settings
 
 _lock = threading.Lock()
@@ -40,7 +40,7 @@ def backend_for(settings: Settings) -> SandboxBackend:
         with _lock:
             backend = _cache.get(cache_key)
             if backend is None:
-                from activities.sandbox.e2b import E2BSandboxBackend  # imports the e2b SDK
+                from activities.sandbox.e2b.backend import E2BSandboxBackend  # imports the e2b SDK
 
                 backend = _cache[cache_key] = E2BSandboxBackend(key, config.e2b)
             return backend

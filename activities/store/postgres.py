@@ -44,85 +44,11 @@ from activities.store.base import (
 from activities.store.checkpoint_usage import STOPPED, CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
+from activities.store.schema import POSTGRES_MIGRATIONS
 from workflows.types import Message
 
 Connection = psycopg.AsyncConnection[TupleRow]
 
-# Ordered: version N is _MIGRATIONS[N - 1]. Append only; never edit an applied one.
-_MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE transcript (
-        conversation_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        message TEXT NOT NULL,
-        meta TEXT NOT NULL DEFAULT '{}',
-        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        PRIMARY KEY (conversation_id, seq)
-    );
-    CREATE TABLE ledger (
-        id BIGINT GENERATED ALWAYS AS IDENTITY,
-        key TEXT PRIMARY KEY,
-        tool TEXT NOT NULL,
-        args_hash TEXT NOT NULL,
-        workflow_id TEXT NOT NULL,
-        state TEXT NOT NULL,
-        owner TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        lease_until DOUBLE PRECISION NOT NULL,
-        executions INTEGER NOT NULL DEFAULT 0,
-        result TEXT NOT NULL DEFAULT '',
-        is_error BOOLEAN NOT NULL DEFAULT FALSE,
-        note TEXT NOT NULL DEFAULT '',
-        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
-    );
-    CREATE INDEX ledger_workflow ON ledger (workflow_id, id);
-    """,
-    """
-    CREATE TABLE budget (
-        root TEXT NOT NULL,
-        key TEXT NOT NULL,
-        settled BOOLEAN NOT NULL DEFAULT FALSE,
-        tokens BIGINT NOT NULL DEFAULT 0,
-        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
-        at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (root, key)
-    );
-    """,
-    # STORAGE EXTERNAL: the data is zlib-compressed already (or incompressible), so TOAST need not try again.
-    """
-    CREATE TABLE blobs (
-        digest TEXT PRIMARY KEY,
-        size BIGINT NOT NULL,
-        encoding TEXT NOT NULL,
-        data BYTEA NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL
-    );
-    ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL;
-    """,
-    # Garbage collection lists the blobs older than its grace period.
-    """
-    CREATE INDEX blobs_created ON blobs (created_at);
-    """,
-    # One row per sub-agent run a tree started (activities.store.base: tree_run_reserve).
-    """
-    CREATE TABLE tree_runs (
-        root TEXT NOT NULL,
-        key TEXT NOT NULL,
-        at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (root, key)
-    );
-    """,
-    # What each run's checkpoints added to the store (AGENT_CHECKPOINT_RUN_MAX_*).
-    """
-    CREATE TABLE checkpoint_usage (
-        run TEXT NOT NULL,
-        checkpoint_id TEXT NOT NULL,
-        bytes BIGINT NOT NULL,
-        at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (run, checkpoint_id)
-    );
-    """,
-)
 # pg_advisory_xact_lock key serialising migrations of one database across workers ("agentmig").
 _MIGRATION_LOCK = 0x6167656E746D6967
 _LEDGER_COLUMNS = (
@@ -261,7 +187,7 @@ class PostgresRunStore:
             )
             cur = await conn.execute("SELECT version FROM schema_migrations")
             applied = {row[0] for row in await cur.fetchall()}
-            for version, sql in enumerate(_MIGRATIONS, start=1):
+            for version, sql in enumerate(POSTGRES_MIGRATIONS, start=1):
                 if version not in applied:
                     await conn.execute(sql)
                     await conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))

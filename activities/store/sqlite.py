@@ -32,68 +32,12 @@ from activities.store.checkpoint_usage import STOPPED, CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
 from activities.store.packing import pack_text, unpack_text
+from activities.store.schema import SQLITE_SCHEMA
 from workflows.types import Message
 
 WAL_CHECKPOINT_PAGES = 256  # of 4 KiB: about 1 MiB
 WAL_SIZE_LIMIT = 1024 * 1024
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS transcript (
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    message TEXT NOT NULL,
-    meta TEXT NOT NULL DEFAULT '{}',
-    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    PRIMARY KEY (conversation_id, seq)
-);
-CREATE TABLE IF NOT EXISTS ledger (
-    key TEXT PRIMARY KEY,
-    tool TEXT NOT NULL,
-    args_hash TEXT NOT NULL,
-    workflow_id TEXT NOT NULL,
-    state TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    lease_until REAL NOT NULL,
-    executions INTEGER NOT NULL DEFAULT 0,
-    result TEXT NOT NULL DEFAULT '',
-    is_error INTEGER NOT NULL DEFAULT 0,
-    note TEXT NOT NULL DEFAULT '',
-    updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-);
-CREATE INDEX IF NOT EXISTS ledger_workflow ON ledger (workflow_id);
-CREATE TABLE IF NOT EXISTS budget (
-    root TEXT NOT NULL,
-    key TEXT NOT NULL,
-    settled INTEGER NOT NULL DEFAULT 0,
-    tokens INTEGER NOT NULL DEFAULT 0,
-    cost_usd REAL NOT NULL DEFAULT 0,
-    at REAL NOT NULL,
-    PRIMARY KEY (root, key)
-);
-CREATE TABLE IF NOT EXISTS tree_runs (
-    root TEXT NOT NULL,
-    key TEXT NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (root, key)
-);
-CREATE TABLE IF NOT EXISTS blobs (
-    digest TEXT PRIMARY KEY,
-    size INTEGER NOT NULL,
-    encoding TEXT NOT NULL,
-    data BLOB NOT NULL,
-    created_at REAL NOT NULL
-);
--- Covering, so that listing old blobs never reads their data (which sits before created_at in a row).
-CREATE INDEX IF NOT EXISTS blobs_created ON blobs (created_at, digest);
-CREATE TABLE IF NOT EXISTS checkpoint_usage (
-    run TEXT NOT NULL,
-    checkpoint_id TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (run, checkpoint_id)
-);
-"""
 T = TypeVar("T")
 # How long one statement waits for another connection's write lock before it fails (StoreUnavailable,
 # then Temporal retries the activity with backoff). Calls of one process are serialised by a lock, so
@@ -132,7 +76,7 @@ class SQLiteRunStore:
             # the WAL is part of what a run costs on disk, and a long run must not grow it unbounded.
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(SQLITE_SCHEMA)
         except sqlite3.OperationalError as exc:
             self._conn.close()
             if is_busy(exc):

@@ -23,16 +23,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from activities.settings import Settings
-from activities.tools.egress import (
-    EgressGuard,
-    EgressRefused,
-    GuardedTransport,
-    canonical_url,
-    host_allowed,
-    not_allowed_message,
-    url_host_port,
-)
+from activities.tools.egress import EgressGuard, EgressRefused, GuardedTransport
 from activities.tools.spec import ToolContext, ToolError, tool
+from activities.tools.urls import canonical_url, host_allowed, not_allowed_message, url_host_port
 
 __all__ = ["HttpRequestArgs", "host_allowed", "http_request", "precheck"]
 

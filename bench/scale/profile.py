@@ -22,7 +22,7 @@ CATEGORIES: dict[str, str] = {
     "workflow sandbox (in-sandbox run + import/restriction proxies)": r"temporalio/worker/workflow_sandbox/",
     "our workflow code (workflows/)": r"\(workflows/",
     "activities (ours: activities/)": r"\(activities/",
-    "model activity (activities/models/activity.py)": r"activities/models/activity\.py",
+    "model activity (activities/model_turn.py)": r"activities/model_turn\.py",
     "tool activity (activities/tools/activity.py)": r"activities/tools/activity\.py",
     "run store (activities/store/)": r"activities/store/",
     "sqlite3 calls": r"(sqlite3|aiosqlite)",

@@ -1,7 +1,7 @@
 """An in-memory E2B cloud and a fake ``e2b.AsyncSandbox`` bound to it, at the SDK boundary.
 
 ``FakeCloud().sdk()`` returns a class with the surface of ``e2b.AsyncSandbox``
-that :class:`activities.sandbox.e2b.E2BSandboxBackend` uses, with the same
+that :class:`activities.sandbox.e2b.backend.E2BSandboxBackend` uses, with the same
 names and keyword arguments:
 
 * classmethods ``create(template, timeout, metadata, envs, secure, allow_internet_access,

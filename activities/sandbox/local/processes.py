@@ -1,6 +1,6 @@
 """Running one bubblewrapped command to its end: output capture, wall-time limit, and pid-namespace teardown.
 
-:func:`execute` starts a :class:`~activities.sandbox.bwrap.Spawn`, feeds its stdin,
+:func:`execute` starts a :class:`~activities.sandbox.local.bwrap.Spawn`, feeds its stdin,
 keeps at most ``limits.output_bytes`` of each stream, kills it on timeout, when
 it floods its output past ``limits.drain_bytes`` or when its ``monitor`` objects
 (the measured workspace quota), and returns only once the command's pid namespace
@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from activities.sandbox.base import CommandResult, SandboxError, SandboxUnavailable
-from activities.sandbox.bwrap import SANDBOX_ENV, Spawn
-from activities.sandbox.local_limits import LocalLimits
+from activities.sandbox.local.bwrap import SANDBOX_ENV, Spawn
+from activities.sandbox.local.limits import LocalLimits
 
 log = logging.getLogger(__name__)
 

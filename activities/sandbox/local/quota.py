@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from activities.sandbox.base import SandboxError
-from activities.sandbox.hostfs import CREATE_FLAGS, Usage
+from activities.sandbox.local.hostfs import CREATE_FLAGS
+from activities.sandbox.local.trees import Usage
 
 log = logging.getLogger(__name__)
 

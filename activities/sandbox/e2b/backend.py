@@ -21,9 +21,9 @@ the reaper can kill the VMs of closed runs.
   :class:`SandboxUnavailable` (fail closed); a VM that is gone raises
   :class:`SandboxMissing`; the rest raise :class:`SandboxError` (the model sees it).
   The API key is redacted from every message and exception chains are cut.
-* Commands and file reads: ``activities.sandbox.e2b_commands`` (process-group kills, cut streams,
-  size-checked reads); creating under the idempotency key: ``activities.sandbox.e2b_lifecycle``.
-* Workspace checkpoints: ``activities.sandbox.e2b_checkpoints`` (archives in and out of the VM).
+* Commands and file reads: ``activities.sandbox.e2b.commands`` (process-group kills, cut streams,
+  size-checked reads); creating under the idempotency key: ``activities.sandbox.e2b.lifecycle``.
+* Workspace checkpoints: ``activities.sandbox.e2b.checkpoints`` (archives in and out of the VM).
 * ``AGENT_E2B_TIMEOUT_S`` is clamped to ``AGENT_E2B_MAX_TIMEOUT_S`` (the plan's cap); a paused VM is
   resumed on connect, one that cannot be (unresponsive guest) is rebooted once, then killed.
 * No worker environment variable ever reaches the VM: ``envs={}`` at create and
@@ -64,15 +64,15 @@ from activities.sandbox.base import (
     validate_sandbox_id,
     workspace_relative,
 )
-from activities.sandbox.e2b_checkpoints import E2BCheckpoints
-from activities.sandbox.e2b_commands import E2BCommands
-from activities.sandbox.e2b_lifecycle import (
+from activities.sandbox.e2b.checkpoints import E2BCheckpoints
+from activities.sandbox.e2b.commands import E2BCommands
+from activities.sandbox.e2b.lifecycle import (
     IdempotencyConflict,
     body_nonce,
     create_with_key,
     idempotency_kind,
 )
-from activities.sandbox.e2b_lifecycle import idempotency_key as idempotency_key  # re-exported
+from activities.sandbox.e2b.lifecycle import idempotency_key as idempotency_key  # re-exported
 from activities.settings import E2BConfig
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class E2BSandbox(E2BCommands, E2BCheckpoints):
     """One run's VM; ``sandbox_id`` is the logical id, ``ref`` E2B's.
 
     Workspace checkpoints (``scan_workspace``, ``read_workspace_files``, ``apply_workspace``, the
-    marker) come from :class:`~activities.sandbox.e2b_checkpoints.E2BCheckpoints`.
+    marker) come from :class:`~activities.sandbox.e2b.checkpoints.E2BCheckpoints`.
     """
 
     _backend: E2BSandboxBackend

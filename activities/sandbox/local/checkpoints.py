@@ -1,29 +1,29 @@
 """Workspace checkpoints on the local backend: scanning, reading and rewriting a hostile workspace from the host.
 
-The :class:`~activities.checkpoints.engine.Checkpointable` methods of
-:class:`~activities.sandbox.local.LocalSandbox` are thin wrappers around the functions
+The :class:`~activities.sandbox.checkpointable.Checkpointable` methods of
+:class:`~activities.sandbox.local.sandbox.LocalSandbox` are thin wrappers around the functions
 here, which take the workspace's directory fd (opened by the caller, checked to be the
-mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sandbox.hostfs`:
+mounted image in ``loop`` mode) and follow the discipline of :mod:`activities.sandbox.local.hostfs`:
 
 * every path is reached component by component from the workspace fd with
   ``O_NOFOLLOW | O_NONBLOCK`` (a planted symlink is never followed, a FIFO never
   opened for reading), walks never enter another filesystem, and every walk is bounded
-  in entries, depth and time (:func:`hostfs.walk_tree`);
+  in entries, depth and time (:func:`trees.walk_tree`);
 * files are read only after an ``lstat`` and an ``fstat`` of the opened fd say they are
   regular (and the same inode): anything else is left out;
 * files and symlinks are (re)created under a fresh ``O_EXCL`` name and renamed over
   their target, given to the sandbox's owner (a root worker's commands run as an
   unprivileged uid, which must be able to modify what a restore wrote), and removal is
-  ``unlinkat``-based (:func:`hostfs.remove_tree_at`): a directory symlink planted where a
+  ``unlinkat``-based (:func:`trees.remove_tree_at`): a directory symlink planted where a
   restored directory goes is unlinked, never descended into.
 
 What a checkpoint holds: regular files (mode: permission bits without setuid/setgid),
 directories (permission bits and the sticky bit) and symlinks whose text stays inside the
-workspace (:func:`~activities.checkpoints.manifest.link_stays_inside`). Names are kept
+workspace (:func:`~activities.sandbox.checkpointable.link_stays_inside`). Names are kept
 whatever their bytes (one that is not valid UTF-8 is its ``surrogateescape`` decoding in
-memory and base64 on the wire, see :mod:`~activities.checkpoints.manifest`). FIFOs, sockets,
+memory and base64 on the wire, see :mod:`~activities.sandbox.checkpointable`). FIFOs, sockets,
 devices, outward symlinks and names that are not a
-:func:`~activities.checkpoints.manifest.safe_relative` path are left out, with a count
+:func:`~activities.sandbox.checkpointable.safe_relative` path are left out, with a count
 logged. Hard links are stored as separate files (a restore writes them as such). In a
 ``loop`` workspace the root's ``lost+found`` belongs to ext4: it is never scanned, stored
 or removed.
@@ -45,32 +45,30 @@ import stat
 import time
 from pathlib import Path
 
-from activities.checkpoints.engine import CheckpointError, CheckpointTooLarge
-from activities.checkpoints.manifest import (
+from activities.sandbox.base import SandboxError
+from activities.sandbox.checkpointable import (
     MAX_ENTRIES,
     MAX_MARKER_BYTES,
+    CheckpointError,
     CheckpointMarker,
+    CheckpointTooLarge,
     ManifestEntry,
     ScanEntry,
     link_stays_inside,
     safe_relative,
 )
-from activities.sandbox import quota
-from activities.sandbox.base import SandboxError
-from activities.sandbox.hostfs import (
+from activities.sandbox.local import quota
+from activities.sandbox.local.hostfs import (
     CREATE_FLAGS,
-    Found,
     TooLarge,
-    WalkLimit,
     chmod_at,
     create_file_at,
     read_at,
     read_small,
-    remove_tree_at,
     temp_name,
     walk,
-    walk_tree,
 )
+from activities.sandbox.local.trees import Found, WalkLimit, remove_tree_at, walk_tree
 
 log = logging.getLogger(__name__)
 

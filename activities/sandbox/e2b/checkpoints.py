@@ -1,4 +1,4 @@
-"""Workspace checkpoints on the E2B backend (:class:`activities.checkpoints.engine.Checkpointable`).
+"""Workspace checkpoints on the E2B backend (:class:`activities.sandbox.checkpointable.Checkpointable`).
 
 "Archive out, archive in": the VM is remote, so nothing is read or written file by file.
 
@@ -15,7 +15,7 @@
 * The marker is a JSON file in the VM outside the workspace (:data:`MARKER_PATH`).
 * Names are bytes throughout (the listing, the NUL lists, the archives): one that is not valid
   UTF-8 is its ``surrogateescape`` decoding in memory, like the local backend's (see
-  :mod:`activities.checkpoints.manifest`), so it is checkpointed and restored like any other.
+  :mod:`activities.sandbox.checkpointable`), so it is checkpointed and restored like any other.
 
 Every script runs as the VM's default user (the one the model's commands run as, so restored files
 stay the model's) with an empty environment, and starts with ``set -e`` (the fake E2B runs such
@@ -41,17 +41,18 @@ from typing import Any, Protocol, TypeVar
 import e2b
 from pydantic import ValidationError
 
-from activities.checkpoints.engine import CheckpointError, CheckpointTooLarge
-from activities.checkpoints.manifest import (
+from activities.sandbox.base import WORKSPACE, SandboxError, SandboxTransient
+from activities.sandbox.checkpointable import (
     MAX_MARKER_BYTES,
     MAX_PATH_CHARS,
+    CheckpointError,
     CheckpointMarker,
+    CheckpointTooLarge,
     ManifestEntry,
     ScanEntry,
     link_stays_inside,
     safe_relative,
 )
-from activities.sandbox.base import WORKSPACE, SandboxError, SandboxTransient
 from activities.settings import E2BConfig
 
 T = TypeVar("T")
@@ -231,7 +232,7 @@ def _raw(name: str) -> bytes:
 
 
 class E2BCheckpoints:
-    """The :class:`Checkpointable` half of :class:`activities.sandbox.e2b.E2BSandbox` (mixed into it)."""
+    """The :class:`Checkpointable` half of :class:`activities.sandbox.e2b.backend.E2BSandbox` (mixed into it)."""
 
     _vm: Any
     _backend: _Backend

@@ -1,4 +1,8 @@
-"""What a workspace checkpoint is: a manifest of path → (kind, mode, size, content hash), content-addressed.
+"""What a workspace checkpoint is, and what a sandbox backend implements so that its workspace can be checkpointed.
+
+A checkpoint is a manifest of path → (kind, mode, size, content hash), content-addressed. A backend
+implements :class:`Checkpointable` and raises :class:`CheckpointError` / :class:`CheckpointTooLarge`;
+:mod:`activities.checkpoints.engine`, above the sandbox layer, takes and restores checkpoints through it.
 
 A checkpoint's id is the run store digest of its canonical manifest, so two identical workspaces
 have the same id and a step that changed nothing makes no new checkpoint. File contents are blobs
@@ -26,9 +30,11 @@ import base64
 import binascii
 import json
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, field_serializer, field_validator
+
+from activities.sandbox.base import SandboxError
 
 EntryKind = Literal["file", "dir", "symlink"]
 MAX_ENTRIES = 100_000  # of one workspace: a tree of more is refused, not stored in part
@@ -142,6 +148,47 @@ class CheckpointMarker(BaseModel):
     @field_serializer("stamps", "hashes")
     def _keys_to_wire(self, value: dict[str, str]) -> dict[str, str]:
         return {to_wire(key): item for key, item in value.items()}
+
+
+class CheckpointError(SandboxError):
+    """A checkpoint could not be taken or restored (shown to the model as a tool error)."""
+
+
+class CheckpointTooLarge(CheckpointError):
+    """The workspace is over ``AGENT_CHECKPOINT_MAX_MB`` (or ``MAX_ENTRIES`` entries)."""
+
+
+class Checkpointable(Protocol):
+    """What a sandbox backend provides for checkpoints (see ``activities.sandbox.local.backend`` and ``.e2b``)."""
+
+    async def scan_workspace(self, *, max_entries: int) -> list[ScanEntry]:
+        """Every file, directory and inside-pointing symlink of the workspace, without following links.
+
+        Devices, sockets, FIFOs and symlinks pointing outside the workspace are left out.
+        :class:`CheckpointTooLarge` when there are more than ``max_entries``.
+        """
+        ...
+
+    async def read_workspace_files(self, paths: list[str], *, max_bytes: int) -> dict[str, bytes]:
+        """The contents of these regular files (never following a link); :class:`CheckpointTooLarge` over
+        ``max_bytes`` in total. A path that is no longer a regular file is left out of the result."""
+        ...
+
+    async def apply_workspace(
+        self, entries: list[ManifestEntry], contents: dict[str, bytes], *, keep: set[str]
+    ) -> None:
+        """Make the workspace hold exactly ``entries`` (file contents from ``contents`` by hash).
+
+        Files in ``keep`` already hold their entry's content and are left as they are (their mode is
+        set); everything not in ``entries`` is removed.
+        """
+        ...
+
+    async def checkpoint_marker(self) -> CheckpointMarker | None:
+        """The marker written by the last ``set_checkpoint_marker`` of this sandbox, or None."""
+        ...
+
+    async def set_checkpoint_marker(self, marker: CheckpointMarker) -> None: ...
 
 
 def safe_relative(path: str) -> bool:

@@ -1,4 +1,4 @@
-"""The ``model`` activity (one model turn) and ``run_config`` (defaults resolved at run start).
+"""The ``model`` activity: one model turn.
 
 The workflow passes only a transcript position; this activity reads the
 transcript from the run store, calls the provider, stores the reply at that
@@ -9,9 +9,7 @@ earlier attempt already stored a reply returns it without calling the model agai
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import hashlib
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +21,6 @@ from temporalio.exceptions import ApplicationError
 from activities import observability as telemetry
 from activities.heartbeat import heartbeating
 from activities.mcp import catalog as mcp_catalog
-from activities.mcp.pool import McpUnavailable
 from activities.models.base import (
     FatalProviderError,
     ProviderReply,
@@ -35,143 +32,27 @@ from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.store.base import StoredMessage
 from activities.store_errors import store_guarded
-from activities.subagents import load as load_definitions
-from activities.subagents import resolve, slim
-from activities.subagents import store as store_definitions
-from activities.tools.registry import RESERVED_NAMES, subagent_call, subagent_definition
+from activities.tools.registry import subagent_call, subagent_definition
 from workflows.types import (
     Message,
     ModelRequest,
     ModelTurn,
     RecordedToolCall,
-    RunConfig,
-    RunConfigRequest,
-    SubagentDef,
     ToolCall,
     TreeBudget,
     Usage,
 )
 
 MAX_TEXT_IN_HISTORY = 32 * 1024
-MAX_CACHED_SNAPSHOTS = 256
 BUDGET_POLL_S = 0.2  # how often a turn waiting for the tree's budget asks again
 MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
 log = structlog.get_logger("activities.model")
 
 
-@dataclass(frozen=True)
-class _McpChoice:
-    digest: str = ""
-    names: list[str] = field(default_factory=list)
-    per_run: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
 class ModelActivities:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, snapshots: mcp_catalog.SnapshotCache | None = None) -> None:
         self._rt = runtime
-        self._snapshots: dict[str, dict[str, mcp_catalog.McpToolDef]] = {}  # digest -> tools by name
-
-    @activity.defn(name="run_config")
-    @store_guarded
-    async def run_config(self, req: RunConfigRequest) -> RunConfig:
-        """Resolve the run's model and tool list against this worker's configuration.
-
-        MCP tools are listed from their servers here, once, and their definitions stored in the run
-        store as the run's snapshot (history gets its digest).
-        """
-        try:
-            own, requested_subagents = await self._own_definition(req)
-        except ValueError as exc:
-            raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
-        model = req.model or (own.model if own is not None else "") or self._rt.settings.model
-        try:
-            self._rt.providers.registry.check_model(model)
-        except FatalProviderError as exc:
-            raise ApplicationError(exc.message, type="InvalidInput", non_retryable=True) from None
-        unpriced = self._rt.prices.unpriced_note(model)
-        if unpriced and req.explicit_cost_cap and not self._rt.settings.allow_unpriced:
-            raise ApplicationError(
-                f"limits.max_cost_usd: model {model} has no price, so the cap could never stop the run: add it to "
-                "AGENT_PRICES, drop max_cost_usd, or let the operator set AGENT_ALLOW_UNPRICED=1",
-                type="InvalidInput",
-                non_retryable=True,
-            )
-        known = self._rt.tools.names()
-        wanted = req.tools if req.tools is not None or own is None else own.tools
-        requested = None if wanted is None else list(dict.fromkeys(wanted))
-        unknown = sorted({t for t in requested or [] if not mcp_catalog.is_mcp_name(t)} - set(known))
-        if unknown:
-            raise ApplicationError(
-                f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
-            )
-        mcp = await self._mcp_snapshot(requested)
-        try:
-            subagents = resolve(self._rt.subagents, requested_subagents, known, RESERVED_NAMES)
-        except ValueError as exc:
-            raise ApplicationError(f"subagents: {exc}", type="InvalidInput", non_retryable=True) from None
-        if requested is None:
-            tools = [*known, *mcp.names]
-        else:  # the run's order; globs expand in place
-            expanded = {pattern: [n for n in mcp.names if fnmatch.fnmatchcase(n, pattern)] for pattern in requested}
-            tools = list(dict.fromkeys(n for p in requested for n in (expanded[p] if "*" in p else [p])))
-        # Stored once; a child whose set is its parent's (the usual case) names the parent's blob again.
-        ref = req.subagents_ref if req.subagents_ref and requested_subagents == subagents else ""
-        if subagents and not ref:
-            ref = await store_definitions(self._rt.store, subagents)
-        settings = self._rt.settings
-        return RunConfig(
-            subagents=slim(subagents),
-            subagents_ref=ref,
-            system_prompt=own.system_prompt if own is not None else "",
-            model=model,
-            tools=tools,
-            policy=self._rt.policy,
-            signing_required=settings.approval_key is not None,
-            search_attributes=self._rt.search_attributes_ready,
-            mcp_snapshot=mcp.digest,
-            mcp_per_run=mcp.per_run,
-            max_subagent_calls=settings.max_subagent_calls_per_turn,
-            max_depth=settings.max_depth,
-            notes=[unpriced, *mcp.notes] if unpriced else mcp.notes,
-            cost_tracked=not unpriced,
-            fail_workflow_on_error=settings.fail_workflow_on_error,
-        )
-
-    async def _own_definition(
-        self, req: RunConfigRequest
-    ) -> tuple[SubagentDef | None, dict[str, SubagentDef] | list[str] | None]:
-        """A sub-agent's own definition and the sub-agents it may call, from the tree's blob (else the request's)."""
-        if not req.subagents_ref:
-            return None, req.subagents
-        definitions = await load_definitions(self._rt.store, req.subagents_ref)
-        own = definitions.get(req.as_subagent) if req.as_subagent else None
-        if req.as_subagent and own is None:
-            raise ValueError(f"unknown sub-agent {req.as_subagent!r} in {req.subagents_ref}")
-        return own, definitions
-
-    async def _mcp_snapshot(self, requested: list[str] | None) -> _McpChoice:
-        if not self._rt.mcp.config:
-            names = [t for t in requested or [] if mcp_catalog.is_mcp_name(t)]
-            if names:
-                raise ApplicationError(
-                    f"unknown tools {names}: no MCP servers are configured on this worker (AGENT_MCP_CONFIG)",
-                    type="InvalidInput",
-                    non_retryable=True,
-                )
-            return _McpChoice()
-        try:
-            snapshot, names, notes = await mcp_catalog.snapshot(self._rt.mcp, requested)
-        except ValueError as exc:
-            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
-        except McpUnavailable as exc:  # a named tool's server: retried, then the run fails saying why
-            raise ApplicationError(str(exc), type="McpUnavailable") from None
-        if not snapshot.tools:
-            return _McpChoice(notes=notes)
-        digest = await self._rt.store.put_blob(snapshot.encode())
-        self._remember(digest, snapshot)
-        per_run = sorted({t.server for t in snapshot.tools if t.per_run})
-        return _McpChoice(digest=digest, names=names, per_run=per_run, notes=notes)
+        self._snapshots = snapshots if snapshots is not None else mcp_catalog.SnapshotCache()
 
     async def _mcp_tools(self, digest: str) -> dict[str, mcp_catalog.McpToolDef]:
         """The run's MCP snapshot by name (cached; the store has it for any worker that runs the run)."""
@@ -184,13 +65,7 @@ class ModelActivities:
                 raise ApplicationError(
                     f"the run's MCP tool snapshot {digest} is not in the run store", type="SnapshotMissing"
                 )
-            tools = self._remember(digest, mcp_catalog.McpSnapshot.model_validate_json(data))
-        return tools
-
-    def _remember(self, digest: str, snapshot: mcp_catalog.McpSnapshot) -> dict[str, mcp_catalog.McpToolDef]:
-        if len(self._snapshots) >= MAX_CACHED_SNAPSHOTS:
-            self._snapshots.pop(next(iter(self._snapshots)))
-        tools = self._snapshots[digest] = snapshot.by_name()
+            tools = self._snapshots.remember(digest, mcp_catalog.McpSnapshot.model_validate_json(data))
         return tools
 
     @activity.defn(name="model")

@@ -2,7 +2,7 @@
 
 :func:`build_spawn` gives everything needed to start a command: ``bwrap`` with fresh
 user/pid/net/ipc/uts/cgroup/mount namespaces, no capabilities, no nested user
-namespaces, the seccomp filter (:mod:`activities.sandbox.seccomp`), a read-only
+namespaces, the seccomp filter (:mod:`activities.sandbox.local.seccomp`), a read-only
 ``/usr``, an empty environment, private sized ``/tmp`` and ``/dev/shm``, and only
 ``/workspace`` writable; plus the ``preexec_fn`` that sets the rlimits.
 :func:`require_bwrap` probes, once per process, that exactly this works here.
@@ -39,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from activities.sandbox import seccomp
 from activities.sandbox.base import WORKSPACE, SandboxUnavailable
-from activities.sandbox.local_limits import DEFAULT_UID_BASE, LocalLimits
+from activities.sandbox.local import seccomp
+from activities.sandbox.local.limits import DEFAULT_UID_BASE, LocalLimits
 
 INNER_UID = 1000  # the uid/gid a command sees inside the sandbox
 SANDBOX_ENV = {

@@ -1,5 +1,5 @@
 """Commands and file reads in an E2B VM: the ``run`` / ``read_file`` half of
-:class:`activities.sandbox.e2b.E2BSandbox` (mixed into it).
+:class:`activities.sandbox.e2b.backend.E2BSandbox` (mixed into it).
 
 What the real service does that shapes this code:
 
@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 
 class CommandBackend(Protocol):
-    """What commands need of :class:`~activities.sandbox.e2b.E2BSandboxBackend` (a protocol, so no import cycle)."""
+    """What commands need of :class:`~activities.sandbox.e2b.backend.E2BSandboxBackend` (a protocol: no cycle)."""
 
     config: E2BConfig
 
@@ -99,7 +99,7 @@ def command_line(argv: list[str], wall: float, stdin_path: str = "") -> str:
 
 
 class E2BCommands:
-    """``run`` and ``read_file`` for :class:`~activities.sandbox.e2b.E2BSandbox`."""
+    """``run`` and ``read_file`` for :class:`~activities.sandbox.e2b.backend.E2BSandbox`."""
 
     sandbox_id: str
     ref: str

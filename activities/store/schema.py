@@ -1,0 +1,140 @@
+"""The run store's tables, in each database's dialect: SQLite's (created if missing) and PostgreSQL's migrations.
+
+Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage); a change
+to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
+``schema_migrations`` (:meth:`activities.store.postgres.PostgresRunStore._migrate`).
+"""
+
+SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transcript (
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    PRIMARY KEY (conversation_id, seq)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    args_hash TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    lease_until REAL NOT NULL,
+    executions INTEGER NOT NULL DEFAULT 0,
+    result TEXT NOT NULL DEFAULT '',
+    is_error INTEGER NOT NULL DEFAULT 0,
+    note TEXT NOT NULL DEFAULT '',
+    updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+CREATE INDEX IF NOT EXISTS ledger_workflow ON ledger (workflow_id);
+CREATE TABLE IF NOT EXISTS budget (
+    root TEXT NOT NULL,
+    key TEXT NOT NULL,
+    settled INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL NOT NULL DEFAULT 0,
+    at REAL NOT NULL,
+    PRIMARY KEY (root, key)
+);
+CREATE TABLE IF NOT EXISTS tree_runs (
+    root TEXT NOT NULL,
+    key TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (root, key)
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    encoding TEXT NOT NULL,
+    data BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+-- Covering, so that listing old blobs never reads their data (which sits before created_at in a row).
+CREATE INDEX IF NOT EXISTS blobs_created ON blobs (created_at, digest);
+CREATE TABLE IF NOT EXISTS checkpoint_usage (
+    run TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (run, checkpoint_id)
+);
+"""
+
+# Ordered: version N is POSTGRES_MIGRATIONS[N - 1]. Append only; never edit an applied one.
+POSTGRES_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE transcript (
+        conversation_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (conversation_id, seq)
+    );
+    CREATE TABLE ledger (
+        id BIGINT GENERATED ALWAYS AS IDENTITY,
+        key TEXT PRIMARY KEY,
+        tool TEXT NOT NULL,
+        args_hash TEXT NOT NULL,
+        workflow_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        lease_until DOUBLE PRECISION NOT NULL,
+        executions INTEGER NOT NULL DEFAULT 0,
+        result TEXT NOT NULL DEFAULT '',
+        is_error BOOLEAN NOT NULL DEFAULT FALSE,
+        note TEXT NOT NULL DEFAULT '',
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ledger_workflow ON ledger (workflow_id, id);
+    """,
+    """
+    CREATE TABLE budget (
+        root TEXT NOT NULL,
+        key TEXT NOT NULL,
+        settled BOOLEAN NOT NULL DEFAULT FALSE,
+        tokens BIGINT NOT NULL DEFAULT 0,
+        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (root, key)
+    );
+    """,
+    # STORAGE EXTERNAL: the data is zlib-compressed already (or incompressible), so TOAST need not try again.
+    """
+    CREATE TABLE blobs (
+        digest TEXT PRIMARY KEY,
+        size BIGINT NOT NULL,
+        encoding TEXT NOT NULL,
+        data BYTEA NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL;
+    """,
+    # Garbage collection lists the blobs older than its grace period.
+    """
+    CREATE INDEX blobs_created ON blobs (created_at);
+    """,
+    # One row per sub-agent run a tree started (activities.store.base: tree_run_reserve).
+    """
+    CREATE TABLE tree_runs (
+        root TEXT NOT NULL,
+        key TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (root, key)
+    );
+    """,
+    # What each run's checkpoints added to the store (AGENT_CHECKPOINT_RUN_MAX_*).
+    """
+    CREATE TABLE checkpoint_usage (
+        run TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run, checkpoint_id)
+    );
+    """,
+)
