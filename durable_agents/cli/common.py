@@ -145,6 +145,38 @@ def _invocation() -> str:
     return f"{_python()} {shlex.quote(_shortened(str(REPO_STARTER)))}"
 
 
+WORKER_SCRIPT = "durable-agents-worker"
+WORKER_FILE = "worker.py"
+
+
+def worker_command() -> str:
+    """How to start a worker, as a command a user can paste; chosen the way :func:`cli_command` is.
+
+    ``durable-agents-worker`` when this CLI is the ``durable-agents`` console script and the worker's
+    script is installed beside it; ``worker.py`` (beside the script that was run) with the interpreter
+    actually running when this CLI is ``starter.py``. Called from elsewhere, the worker's console
+    script beside the running interpreter, else this checkout's ``worker.py``, else the bare name.
+    A console script is shown by name when that name on PATH is it, else by its full path.
+    """
+    return _worker_invocation()
+
+
+@functools.cache
+def _worker_invocation() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name == CONSOLE_SCRIPT and (beside := Path(argv0).with_name(WORKER_SCRIPT)).is_file():
+        return _program(WORKER_SCRIPT, str(beside))
+    if argv0.endswith(".py") and (script := Path(argv0).with_name(WORKER_FILE)).is_file():
+        return f"{_python()} {shlex.quote(_shortened(str(script)))}"
+    installed = Path(sys.executable).with_name(WORKER_SCRIPT)
+    if installed.is_file():
+        return _program(WORKER_SCRIPT, str(installed))
+    repo_worker = REPO_STARTER.with_name(WORKER_FILE)
+    if repo_worker.is_file():
+        return f"{_python()} {shlex.quote(_shortened(str(repo_worker)))}"
+    return WORKER_SCRIPT
+
+
 def _python() -> str:
     for name in ("python", "python3"):
         if _same_path(shutil.which(name), sys.executable):
@@ -325,7 +357,7 @@ async def poller_count(client: Client, task_queue: str) -> int | None:
 
 
 def start_worker_hint(task_queue: str) -> str:
-    return f"start one with: AGENT_TASK_QUEUE={task_queue} python worker.py"
+    return f"start one with: AGENT_TASK_QUEUE={shlex.quote(task_queue)} {worker_command()}"
 
 
 def no_worker_line(task_queue: str) -> str:
