@@ -332,14 +332,26 @@ async def list_runs(
 async def describe_run(
     client: Client, workflow_id: str
 ) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
-    """The run's handle and description; a run that does not exist is a one-line ``CliError``."""
+    """The run's handle and description; a run that does not exist, or is not an agent run, is a one-line ``CliError``.
+
+    Every command reads an agent run through ``AgentWorkflow``'s queries, updates and payload types;
+    another workflow type (a user's own workflow, or anything else on the namespace) is said to be one.
+    """
     handle = client.get_workflow_handle(workflow_id)
     try:
-        return handle, await handle.describe(rpc_timeout=RPC_TIMEOUT)
+        desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise CliError(f"no run with id {workflow_id!r}") from None
         raise
+    check_agent_run(desc)
+    return handle, desc
+
+
+def check_agent_run(desc: WorkflowExecutionDescription) -> None:
+    """``CliError`` (exit 1) unless the described workflow is an ``AgentWorkflow`` run."""
+    if desc.workflow_type != AgentWorkflow.__name__:
+        raise CliError(f"{desc.id} is a {desc.workflow_type} workflow, not an {AgentWorkflow.__name__} run")
 
 
 async def poller_count(client: Client, task_queue: str) -> int | None:

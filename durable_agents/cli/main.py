@@ -21,7 +21,10 @@ code says which kind it was:
          MCP server ``tools`` could not list; also an internal error (a bug),
          named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
-         --task-file or --policy), a bad configuration, or no Temporal server
+         --task-file or --policy), a bad configuration (including a key ring
+         missing for a run whose payloads are encrypted: ``AGENT_PAYLOAD_KEYS``),
+         or no Temporal server, also when it goes away while a command follows
+         a run (the line says how to reattach)
     130  interrupted (Ctrl-C); the run itself goes on, and the line says how to
          reattach
 
@@ -44,6 +47,7 @@ from pathlib import Path
 from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
+from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs, telemetry
 from durable_agents.cli.approvals import add_commands as add_approval_commands
@@ -141,12 +145,18 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
         client = await connect(
-            settings.temporal, plugins=telemetry.temporal_plugins(), keyring=settings.encryption.keyring
+            settings.temporal,
+            plugins=telemetry.temporal_plugins(),
+            keyring=settings.encryption.keyring,
+            name_encrypted=True,
         )
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return err.code if isinstance(err, CliError) else EXIT_USAGE
+    except PayloadsEncrypted as err:
+        print(f"error: {encrypted_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
     except RPCError as err:
         print(f"error: Temporal refused the request: {one_line(err.message)}", file=sys.stderr)
         return EXIT_RUN
@@ -185,6 +195,14 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
         _output_closed()
         return EXIT_OK
     return code
+
+
+def encrypted_line(err: PayloadsEncrypted) -> str:
+    """What the CLI says when it reads an encrypted payload without keys: which setting gives it the key."""
+    return (
+        f"the run's payloads are encrypted (key id {err.key_id or '?'}) and this command has no key ring: "
+        "set AGENT_PAYLOAD_KEYS (or AGENT_PAYLOAD_KEYS_FILE) to the workers' key ring"
+    )
 
 
 def one_line(text: str) -> str:
