@@ -203,24 +203,65 @@ def _shortened(script: str) -> str:
 # --- what Ctrl-C says ---------------------------------------------------------------------
 
 _interrupt_note = ""
+_following: tuple[str, int] | None = None  # (run id, next event offset) of the run this command follows
 
 
 def on_interrupt(note: str) -> None:
     """What ``starter.py`` says (after ``interrupted:``) when Ctrl-C stops the command from now on."""
-    global _interrupt_note
+    global _interrupt_note, _following
     _interrupt_note = note
+    _following = None
 
 
 def interrupt_note() -> str:
     return _interrupt_note
 
 
-def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
+InterruptState = tuple[str, "tuple[str, int] | None"]
+
+
+def interrupt_state() -> InterruptState:
+    """What Ctrl-C and a lost connection would say now, to :func:`restore_interrupt` after a detour."""
+    return _interrupt_note, _following
+
+
+def restore_interrupt(state: InterruptState) -> None:
+    global _interrupt_note, _following
+    _interrupt_note, _following = state
+
+
+def following(workflow_id: str, from_offset: int = 0) -> None:
+    """The command follows run ``workflow_id`` and has shown its events before ``from_offset``: Ctrl-C,
+    and a Temporal server that goes away, say how to reattach from there (:func:`reattach_note`, :func:`lost_note`)."""
+    global _following
+    on_interrupt(reattach_note(workflow_id, from_offset))
+    _following = (workflow_id, from_offset)
+
+
+def reattach_command(workflow_id: str, from_offset: int = 0) -> str:
     since = f" --from {from_offset}" if from_offset else ""
+    return cli_command(f"watch {workflow_id}{since}")
+
+
+def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
     return (
         f"run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
-        f"reattach with: {cli_command(f'watch {workflow_id}{since}')}"
+        f"reattach with: {reattach_command(workflow_id, from_offset)}"
     )
+
+
+def lost_note() -> str:
+    """What to do after the connection to Temporal was lost: reattach to the run followed, else the Ctrl-C note."""
+    if _following is None:
+        return _interrupt_note
+    workflow_id, from_offset = _following
+    command = reattach_command(workflow_id, from_offset)
+    return f"run {workflow_id} goes on; once Temporal is back, reattach with: {command}"
+
+
+def temporal_lost(err: BaseException) -> bool:
+    """The server stopped answering (the SDK gave up retrying a connection), as opposed to refusing a request."""
+    return isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE
 
 
 # --- argument values ----------------------------------------------------------------------

@@ -41,8 +41,8 @@ from durable_agents.cli.common import (
     check_agent_run,
     cli_command,
     describe_run,
+    following,
     on_interrupt,
-    reattach_note,
     warn_when_no_worker,
 )
 from durable_agents.cli.names import check_model
@@ -149,7 +149,7 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     on_interrupt(f"fork {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
     summary = fork_summary(source_id, step, args.task)
     new = await _start_fork(client, inp, workflow_id, task_queue, summary, reuse_id=args.reuse_id)
-    on_interrupt(reattach_note(workflow_id))
+    following(workflow_id)
     print(f"started fork {workflow_id} of {source_id} at step {step} on task queue {task_queue}")
     link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, new.result_run_id)
     print(f"  ui: {link}", flush=True)  # before a long wait: through a pipe too

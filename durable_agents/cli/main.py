@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -45,6 +46,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from temporalio.client import RPCTimeoutOrCancelledError
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
 from activities.crypto.codec import PayloadsEncrypted
@@ -64,7 +66,9 @@ from durable_agents.cli.common import (
     Parser,
     check_text_arguments,
     interrupt_note,
+    lost_note,
     parse,
+    temporal_lost,
 )
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.run import add_command as add_run_command
@@ -135,6 +139,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
 
 async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     """Parse, configure, connect and run one command; the exit code (see the module docstring)."""
+    address = "its address"
     try:
         args = parse(build_parser(prog), argv)
         check_text_arguments(args)
@@ -147,9 +152,11 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         client = await connect(
             settings.temporal,
             plugins=telemetry.temporal_plugins(),
+            runtime=quiet_runtime(),
             keyring=settings.encryption.keyring,
             name_encrypted=True,
         )
+        address = client.service_client.config.target_host
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
@@ -158,6 +165,14 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         print(f"error: {encrypted_line(err)}", file=sys.stderr)
         return EXIT_USAGE
     except RPCError as err:
+        if temporal_lost(err):
+            note = lost_note()
+            print(
+                f"error: lost the connection to Temporal at {address} ({one_line(err.message)})"
+                + (f"; {note}" if note else ""),
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         print(f"error: Temporal refused the request: {one_line(err.message)}", file=sys.stderr)
         return EXIT_RUN
     except RPCTimeoutOrCancelledError as err:
@@ -195,6 +210,25 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
         _output_closed()
         return EXIT_OK
     return code
+
+
+def quiet_runtime() -> Runtime:
+    """The Temporal core runtime of a CLI process: its own logs only at ERROR, through the stderr handler.
+
+    By default the core writes each retry of a failing call as a multi-line warning to stdout (the
+    command's output); a command says what failed in its one line instead. No worker runs here,
+    so no worker heartbeats either.
+    """
+    core_logs = logging.getLogger("temporalio.core")
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(
+                filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"),
+                forwarding=LogForwardingConfig(logger=core_logs),
+            )
+        ),
+        worker_heartbeat_interval=None,
+    )
 
 
 def encrypted_line(err: PayloadsEncrypted) -> str:
