@@ -24,6 +24,7 @@ import pytest
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.fakes.worker_proc import DevServer, WorkerProc, worker_env, write_policy
 from tests.test_cli_bad_input import ROOT, Started, clean, cli_env, starter
+from tests.waiting import eventually
 
 ASK_EVERYTHING = {"rules": [{"tool": "*", "decision": "ask"}]}
 LOST = re.compile(r"^error: lost the connection to Temporal at (\S+) \(.*\); run (\S+) goes on; .*reattach with: (.+)$")
@@ -110,8 +111,13 @@ async def test_losing_temporal_while_following_is_one_line_and_the_reattach_comm
     assert str(ROOT / "starter.py").endswith(words[words.index("watch") - 1]), commands[0]
     again = Started(env, *words[words.index("watch") :])
     try:
-        approved = await asyncio.to_thread(starter, env, "approve", workflow_id, "--reviewer", "tess", timeout=120)
-        assert approved.returncode == 0, approved.stderr
+
+        async def approved() -> bool:  # once the worker polls the restarted server again
+            done = await asyncio.to_thread(starter, env, "approve", workflow_id, "--reviewer", "tess", timeout=120)
+            assert done.returncode in (0, 1), done.stderr
+            return done.returncode == 0
+
+        await eventually(approved, "the approval is accepted after the restart", within_s=180)
         resumed = await asyncio.to_thread(ended, again)
     finally:
         again.kill()
