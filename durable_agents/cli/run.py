@@ -159,7 +159,8 @@ def read_task(args: argparse.Namespace) -> str:
     if args.task_file is not None:
         task = _read_task_file(args.task_file)
     elif args.task is None:
-        raise CliError('run needs a task: starter.py run "TASK" (or --task-file FILE, - for stdin)', code=EXIT_USAGE)
+        example = cli_command('run "TASK"')
+        raise CliError(f"run needs a task: {example} (or --task-file FILE, - for stdin)", code=EXIT_USAGE)
     else:
         task = args.task  # main checked it is UTF-8
     return checked_task(task)
