@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -212,6 +213,7 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     return code
 
 
+@functools.cache  # one per process: each runtime has its own thread pool
 def quiet_runtime() -> Runtime:
     """The Temporal core runtime of a CLI process: its own logs only at ERROR, through the stderr handler.
 
