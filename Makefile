@@ -82,7 +82,7 @@ test: venv bwrap mcp-servers lint deploy-check
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Each writes bench/results/<name>.json. A bench that misses its target exits 1: `make -k bench` runs them all.
-bench: venv bwrap
+bench: venv bwrap mcp-servers
 	$(PY) -m bench.history_size --turns 200 --kb 10
 	$(PY) -m bench.sandbox_latency --n 50
 	$(PY) -m bench.kill_storm --runs 100 --kills 12
@@ -96,6 +96,7 @@ bench: venv bwrap
 	$(PY) -m bench.encryption --turns 20 --kb 10 --repeat 15
 	$(PY) -m bench.regex_isolation --repeat 7
 	$(PY) -m bench.codec_latency --samples 50
+	$(PY) -m bench.cli_tools --repeat 7
 
 clean: stop
 	rm -rf .agent .temporal

@@ -10,6 +10,7 @@ namespace (``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``, defaulting to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -24,7 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import Runtime
 
-from activities.crypto.codec import encrypted_converter
+from activities.crypto.codec import KeylessCodec, encrypted_converter
 from activities.crypto.keyring import KeyRing
 from activities.settings import TemporalSettings
 
@@ -49,17 +50,22 @@ async def connect(
     plugins: Sequence[Plugin] = (),
     runtime: Runtime | None = None,
     keyring: KeyRing | None = None,
+    name_encrypted: bool = False,
 ) -> Client:
     """A client with the project's data converter; ``TemporalUnavailable`` when no server answers.
 
     ``plugins`` (e.g. ``durable_agents.telemetry.temporal_plugins()``) also apply to workers built on
     the client; ``runtime`` carries the metrics configuration (``telemetry.temporal_runtime()``);
-    ``keyring`` (``settings.encryption.keyring``) encrypts every payload the client sends and decrypts those it reads.
+    ``keyring`` (``settings.encryption.keyring``) encrypts every payload the client sends and decrypts those it reads;
+    without one, ``name_encrypted`` makes reading an encrypted payload raise ``PayloadsEncrypted`` (the CLI says so).
     """
     config = connect_config(temporal)
+    converter = encrypted_converter(pydantic_data_converter, keyring)
+    if keyring is None and name_encrypted:
+        converter = dataclasses.replace(converter, payload_codec=KeylessCodec())
     try:
         return await Client.connect(
-            data_converter=encrypted_converter(pydantic_data_converter, keyring),
+            data_converter=converter,
             interceptors=list(interceptors),
             plugins=list(plugins),
             runtime=runtime,

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -386,7 +387,7 @@ class Cluster:
             if previous.running_pids():
                 raise ClusterError(
                     f"a cluster is already running from {self.state_dir} (pids {previous.running_pids()}); "
-                    "stop it first (python -m scripts.cluster stop)"
+                    "stop it first (make cluster-stop)"
                 )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
@@ -679,7 +680,7 @@ class Cluster:
             f"  {env} \\\n    .venv/bin/python starter.py run 'your task'\n"
             f"Watch one:   {env} .venv/bin/python starter.py watch RUN_ID\n"
             f"Worker logs: tail -f {self.state_dir}/worker-*.log\n"
-            "Stop it:     make cluster-stop   (python -m scripts.cluster stop)"
+            f"Stop it:     make cluster-stop   ({shlex.quote(sys.executable)} -m scripts.cluster stop)"
         )
 
 

@@ -342,7 +342,8 @@ async def test_wait_and_watch_on_a_queue_nobody_polls_say_so(
         assert stopped.returncode == 130
         warning, interrupted = stopped.stderr.strip().splitlines()
         assert warning.startswith(f"warning: no worker polls task queue {task_queue}: run {workflow_id} waits")
-        assert doing in warning and f"AGENT_TASK_QUEUE={task_queue} python worker.py" in warning, warning
+        assert doing in warning and f"AGENT_TASK_QUEUE={task_queue} " in warning, warning
+        assert warning.endswith("python worker.py)"), warning  # the interpreter running (test_cli_worker_hint.py)
         assert interrupted.startswith(
             f"interrupted: run {workflow_id} goes on (Ctrl-C stops this command, not the run); reattach with: "
         ) and interrupted.endswith(f"python starter.py watch {workflow_id}"), interrupted

@@ -151,6 +151,9 @@ def test_a_server_that_cannot_start_is_reported_and_everything_else_still_listed
         ("missing_command", "'no-such-mcp-server' is not found"),
         ("bad_policy", "AGENT_POLICY_FILE"),
         ("bad_module", "no_such_tools_module"),
+        # refused while the MCP servers start (they start first): still one line, and they are stopped
+        ("bad_policy_with_server", "AGENT_POLICY_FILE"),
+        ("bad_module_with_server", "no_such_tools_module"),
     ],
 )
 def test_a_bad_configuration_is_one_line_and_exit_2(tmp_path: Path, case: str, expected: str) -> None:
@@ -163,10 +166,12 @@ def test_a_bad_configuration_is_one_line_and_exit_2(tmp_path: Path, case: str, e
         kwargs["servers"] = {"time": {**time_server(), "env": {"TOKEN": "${MISSING_VAR}"}}}
     elif case == "missing_command":
         kwargs["servers"] = {"gone": {"command": "no-such-mcp-server"}}
-    elif case == "bad_policy":
+    elif case.startswith("bad_policy"):
         kwargs["policy"] = {"rules": [{"tool": "*", "decision": "maybe"}]}
     else:
         kwargs["AGENT_TOOL_MODULES"] = "no_such_tools_module"
+    if case.endswith("_with_server"):
+        kwargs["servers"] = {"time": time_server()}
     done = tools_command(tmp_path, **kwargs)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
@@ -193,3 +198,20 @@ def test_secrets_from_the_config_never_appear_even_in_a_servers_descriptions(tmp
     assert described["mcp__shop__place_order"] == "Place an order (a side effect: [REDACTED] key)."
     for output in (done.stdout, done.stderr, as_json.stdout, as_json.stderr):
         assert token not in output
+
+
+def test_other_commands_do_not_load_the_mcp_client_or_the_tool_catalog() -> None:
+    """``tools`` imports the MCP client library when it runs: the rest of the CLI never pays for it."""
+    code = (
+        "import sys; import durable_agents.cli.main; "
+        "print(sorted(m for m in ('mcp', 'activities.catalog', 'activities.mcp.pool') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

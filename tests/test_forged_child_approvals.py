@@ -212,4 +212,5 @@ async def test_a_long_post_is_shown_whole_where_a_human_decides(
     at = lines.index(next(line for line in lines if line.startswith("http_request POST ")))
     assert "".join(lines[at : at + 4]).startswith(f"http_request POST {url}")  # wrapped, never cut
     assert body_line in markdown and approval.approval_id in markdown
+    assert f"`durable-agents approve {handle.id} {approval.approval_id} --reviewer NAME`" in markdown, markdown
     assert [r.path for r in sink.received] == [url.removeprefix(sink.url)]

@@ -64,7 +64,8 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
             # an indented code block: nothing in the call can close it, and long lines are wrapped
             *(f"    {line}" for line in call_lines(approval.tool, approval.args, width=DETAILS_WIDTH)),
             "",
-            f"`python starter.py {verbs.split('|')[0]} {owner} {approval.approval_id} --reviewer NAME`"
+            # read in the Temporal UI, not in a shell the workflow knows: the installed console script
+            f"`durable-agents {verbs.split('|')[0]} {owner} {approval.approval_id} --reviewer NAME`"
             + (f" (or {verbs})" if approval.kind == "tool_call" else f" ({verbs})"),
         ]
     for refusal in recent_refusals:

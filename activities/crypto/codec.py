@@ -58,6 +58,28 @@ class AesGcmCodec(PayloadCodec):
         return inner
 
 
+class PayloadsEncrypted(Exception):
+    """A payload is encrypted (``binary/encrypted``) and this process has no key ring to read it."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"a payload is encrypted (key id {key_id or '?'}) and no key ring is configured")
+        self.key_id = key_id
+
+
+class KeylessCodec(PayloadCodec):
+    """The codec of a process without keys: plaintext passes both ways; reading an encrypted
+    payload raises :class:`PayloadsEncrypted` (instead of the SDK's ``KeyError`` about an unknown encoding)."""
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        for payload in payloads:
+            if payload.metadata.get("encoding") == ENCODING:
+                raise PayloadsEncrypted(payload_key_id(payload) or "")
+        return list(payloads)
+
+
 def payload_key_id(payload: Payload) -> str | None:
     """The key id an encrypted payload names, or ``None`` for a plaintext payload."""
     if payload.metadata.get("encoding") != ENCODING:

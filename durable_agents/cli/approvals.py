@@ -50,13 +50,14 @@ from durable_agents.cli.common import (
     cli_command,
     describe_run,
     ended_state,
-    interrupt_note,
+    interrupt_state,
     list_runs,
     no_answer_reason,
     no_worker_line,
     on_interrupt,
     poller_count,
     positive_int,
+    restore_interrupt,
     start_worker_hint,
 )
 from durable_agents.cli.owners import Owned, owned, tree, unconfirmed
@@ -430,7 +431,7 @@ async def send_decision(
     signature = decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else ""
     request = decide_request(approval_id, decision, reviewer, note, signature)
     handle = client.get_workflow_handle(workflow_id)
-    before = interrupt_note()  # run --follow's reattach note, restored once the decision is answered
+    before = interrupt_state()  # run --follow's reattach note, restored once the decision is answered
     on_interrupt(
         f"the {decision} decision may or may not have reached run {workflow_id}: see "
         + cli_command(f"pending {workflow_id}")
@@ -457,7 +458,7 @@ async def send_decision(
             raise CliError(f"no running run with id {workflow_id!r}") from None
         raise
     finally:
-        on_interrupt(before)
+        restore_interrupt(before)
     if not result.accepted:
         raise CliError(f"refused: {result.message}")
     verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")

@@ -145,6 +145,38 @@ def _invocation() -> str:
     return f"{_python()} {shlex.quote(_shortened(str(REPO_STARTER)))}"
 
 
+WORKER_SCRIPT = "durable-agents-worker"
+WORKER_FILE = "worker.py"
+
+
+def worker_command() -> str:
+    """How to start a worker, as a command a user can paste; chosen the way :func:`cli_command` is.
+
+    ``durable-agents-worker`` when this CLI is the ``durable-agents`` console script and the worker's
+    script is installed beside it; ``worker.py`` (beside the script that was run) with the interpreter
+    actually running when this CLI is ``starter.py``. Called from elsewhere, the worker's console
+    script beside the running interpreter, else this checkout's ``worker.py``, else the bare name.
+    A console script is shown by name when that name on PATH is it, else by its full path.
+    """
+    return _worker_invocation()
+
+
+@functools.cache
+def _worker_invocation() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name == CONSOLE_SCRIPT and (beside := Path(argv0).with_name(WORKER_SCRIPT)).is_file():
+        return _program(WORKER_SCRIPT, str(beside))
+    if argv0.endswith(".py") and (script := Path(argv0).with_name(WORKER_FILE)).is_file():
+        return f"{_python()} {shlex.quote(_shortened(str(script)))}"
+    installed = Path(sys.executable).with_name(WORKER_SCRIPT)
+    if installed.is_file():
+        return _program(WORKER_SCRIPT, str(installed))
+    repo_worker = REPO_STARTER.with_name(WORKER_FILE)
+    if repo_worker.is_file():
+        return f"{_python()} {shlex.quote(_shortened(str(repo_worker)))}"
+    return WORKER_SCRIPT
+
+
 def _python() -> str:
     for name in ("python", "python3"):
         if _same_path(shutil.which(name), sys.executable):
@@ -171,24 +203,65 @@ def _shortened(script: str) -> str:
 # --- what Ctrl-C says ---------------------------------------------------------------------
 
 _interrupt_note = ""
+_following: tuple[str, int] | None = None  # (run id, next event offset) of the run this command follows
 
 
 def on_interrupt(note: str) -> None:
     """What ``starter.py`` says (after ``interrupted:``) when Ctrl-C stops the command from now on."""
-    global _interrupt_note
+    global _interrupt_note, _following
     _interrupt_note = note
+    _following = None
 
 
 def interrupt_note() -> str:
     return _interrupt_note
 
 
-def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
+InterruptState = tuple[str, "tuple[str, int] | None"]
+
+
+def interrupt_state() -> InterruptState:
+    """What Ctrl-C and a lost connection would say now, to :func:`restore_interrupt` after a detour."""
+    return _interrupt_note, _following
+
+
+def restore_interrupt(state: InterruptState) -> None:
+    global _interrupt_note, _following
+    _interrupt_note, _following = state
+
+
+def following(workflow_id: str, from_offset: int = 0) -> None:
+    """The command follows run ``workflow_id`` and has shown its events before ``from_offset``: Ctrl-C,
+    and a Temporal server that goes away, say how to reattach from there (:func:`reattach_note`, :func:`lost_note`)."""
+    global _following
+    on_interrupt(reattach_note(workflow_id, from_offset))
+    _following = (workflow_id, from_offset)
+
+
+def reattach_command(workflow_id: str, from_offset: int = 0) -> str:
     since = f" --from {from_offset}" if from_offset else ""
+    return cli_command(f"watch {workflow_id}{since}")
+
+
+def reattach_note(workflow_id: str, from_offset: int = 0) -> str:
     return (
         f"run {workflow_id} goes on (Ctrl-C stops this command, not the run); "
-        f"reattach with: {cli_command(f'watch {workflow_id}{since}')}"
+        f"reattach with: {reattach_command(workflow_id, from_offset)}"
     )
+
+
+def lost_note() -> str:
+    """What to do after the connection to Temporal was lost: reattach to the run followed, else the Ctrl-C note."""
+    if _following is None:
+        return _interrupt_note
+    workflow_id, from_offset = _following
+    command = reattach_command(workflow_id, from_offset)
+    return f"run {workflow_id} goes on; once Temporal is back, reattach with: {command}"
+
+
+def temporal_lost(err: BaseException) -> bool:
+    """The server stopped answering (the SDK gave up retrying a connection), as opposed to refusing a request."""
+    return isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE
 
 
 # --- argument values ----------------------------------------------------------------------
@@ -300,14 +373,26 @@ async def list_runs(
 async def describe_run(
     client: Client, workflow_id: str
 ) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
-    """The run's handle and description; a run that does not exist is a one-line ``CliError``."""
+    """The run's handle and description; a run that does not exist, or is not an agent run, is a one-line ``CliError``.
+
+    Every command reads an agent run through ``AgentWorkflow``'s queries, updates and payload types;
+    another workflow type (a user's own workflow, or anything else on the namespace) is said to be one.
+    """
     handle = client.get_workflow_handle(workflow_id)
     try:
-        return handle, await handle.describe(rpc_timeout=RPC_TIMEOUT)
+        desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise CliError(f"no run with id {workflow_id!r}") from None
         raise
+    check_agent_run(desc)
+    return handle, desc
+
+
+def check_agent_run(desc: WorkflowExecutionDescription) -> None:
+    """``CliError`` (exit 1) unless the described workflow is an ``AgentWorkflow`` run."""
+    if desc.workflow_type != AgentWorkflow.__name__:
+        raise CliError(f"{desc.id} is a {desc.workflow_type} workflow, not an {AgentWorkflow.__name__} run")
 
 
 async def poller_count(client: Client, task_queue: str) -> int | None:
@@ -325,7 +410,7 @@ async def poller_count(client: Client, task_queue: str) -> int | None:
 
 
 def start_worker_hint(task_queue: str) -> str:
-    return f"start one with: AGENT_TASK_QUEUE={task_queue} python worker.py"
+    return f"start one with: AGENT_TASK_QUEUE={shlex.quote(task_queue)} {worker_command()}"
 
 
 def no_worker_line(task_queue: str) -> str:

@@ -38,10 +38,11 @@ from durable_agents.cli.common import (
     EXIT_USAGE,
     RPC_TIMEOUT,
     CliError,
+    check_agent_run,
     cli_command,
     describe_run,
+    following,
     on_interrupt,
-    reattach_note,
     warn_when_no_worker,
 )
 from durable_agents.cli.names import check_model
@@ -57,7 +58,6 @@ from durable_agents.cli.run import (
     static_details,
     ui_link,
 )
-from workflows.agent import AgentWorkflow
 from workflows.progress import FORK_OF
 from workflows.types import AgentInput, ForkSpec
 
@@ -134,7 +134,7 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     source_id, step = args.workflow_id, args.step
     check_model(args.model, settings)  # a misspelt name is a usage error now, not a failed fork later
     handle, desc = await _describe(client, source_id, args.run_id)
-    _check_agent_run(desc)
+    check_agent_run(desc)
     events = await _history(handle)
     await _decode_model_inputs(client, events)
     source = await _source_input(client, source_id, events)
@@ -149,7 +149,7 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     on_interrupt(f"fork {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
     summary = fork_summary(source_id, step, args.task)
     new = await _start_fork(client, inp, workflow_id, task_queue, summary, reuse_id=args.reuse_id)
-    on_interrupt(reattach_note(workflow_id))
+    following(workflow_id)
     print(f"started fork {workflow_id} of {source_id} at step {step} on task queue {task_queue}")
     link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, new.result_run_id)
     print(f"  ui: {link}", flush=True)  # before a long wait: through a pipe too
@@ -229,7 +229,7 @@ def steps_done(events: Sequence[HistoryEvent], inp: AgentInput) -> int:
 async def cmd_rewind(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id, step = args.workflow_id, args.step
     _, desc = await describe_run(client, workflow_id)
-    _check_agent_run(desc)
+    check_agent_run(desc)
     current = client.get_workflow_handle(workflow_id, run_id=desc.run_id)
     events = await _history(current)
     await _decode_model_inputs(client, events)
@@ -320,11 +320,6 @@ async def _describe(
         if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
             raise CliError(f"no run {run_id!r} of {workflow_id!r}") from None
         raise
-
-
-def _check_agent_run(desc: WorkflowExecutionDescription) -> None:
-    if desc.workflow_type != AgentWorkflow.__name__:
-        raise CliError(f"run {desc.id} is not an agent run (its workflow type is {desc.workflow_type})")
 
 
 async def _history(handle: WorkflowHandle[Any, Any]) -> list[HistoryEvent]:

@@ -21,7 +21,10 @@ code says which kind it was:
          MCP server ``tools`` could not list; also an internal error (a bug),
          named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
-         --task-file or --policy), a bad configuration, or no Temporal server
+         --task-file or --policy), a bad configuration (including a key ring
+         missing for a run whose payloads are encrypted: ``AGENT_PAYLOAD_KEYS``),
+         or no Temporal server, also when it goes away while a command follows
+         a run (the line says how to reattach)
     130  interrupted (Ctrl-C); the run itself goes on, and the line says how to
          reattach
 
@@ -34,6 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import logging
 import os
 import re
 import sys
@@ -42,8 +47,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from temporalio.client import RPCTimeoutOrCancelledError
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
+from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs, telemetry
 from durable_agents.cli.approvals import add_commands as add_approval_commands
@@ -60,7 +67,9 @@ from durable_agents.cli.common import (
     Parser,
     check_text_arguments,
     interrupt_note,
+    lost_note,
     parse,
+    temporal_lost,
 )
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.run import add_command as add_run_command
@@ -131,6 +140,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
 
 async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     """Parse, configure, connect and run one command; the exit code (see the module docstring)."""
+    address = "its address"
     try:
         args = parse(build_parser(prog), argv)
         check_text_arguments(args)
@@ -141,13 +151,29 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
         client = await connect(
-            settings.temporal, plugins=telemetry.temporal_plugins(), keyring=settings.encryption.keyring
+            settings.temporal,
+            plugins=telemetry.temporal_plugins(),
+            runtime=quiet_runtime(),
+            keyring=settings.encryption.keyring,
+            name_encrypted=True,
         )
+        address = client.service_client.config.target_host
         return await COMMANDS[args.command](client, args, settings)
     except (CliError, ConfigurationError, TemporalUnavailable) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return err.code if isinstance(err, CliError) else EXIT_USAGE
+    except PayloadsEncrypted as err:
+        print(f"error: {encrypted_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
     except RPCError as err:
+        if temporal_lost(err):
+            note = lost_note()
+            print(
+                f"error: lost the connection to Temporal at {address} ({one_line(err.message)})"
+                + (f"; {note}" if note else ""),
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         print(f"error: Temporal refused the request: {one_line(err.message)}", file=sys.stderr)
         return EXIT_RUN
     except RPCTimeoutOrCancelledError as err:
@@ -185,6 +211,34 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
         _output_closed()
         return EXIT_OK
     return code
+
+
+@functools.cache  # one per process: each runtime has its own thread pool
+def quiet_runtime() -> Runtime:
+    """The Temporal core runtime of a CLI process: its own logs only at ERROR, through the stderr handler.
+
+    By default the core writes each retry of a failing call as a multi-line warning to stdout (the
+    command's output); a command says what failed in its one line instead. No worker runs here,
+    so no worker heartbeats either.
+    """
+    core_logs = logging.getLogger("temporalio.core")
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(
+                filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"),
+                forwarding=LogForwardingConfig(logger=core_logs),
+            )
+        ),
+        worker_heartbeat_interval=None,
+    )
+
+
+def encrypted_line(err: PayloadsEncrypted) -> str:
+    """What the CLI says when it reads an encrypted payload without keys: which setting gives it the key."""
+    return (
+        f"the run's payloads are encrypted (key id {err.key_id or '?'}) and this command has no key ring: "
+        "set AGENT_PAYLOAD_KEYS (or AGENT_PAYLOAD_KEYS_FILE) to the workers' key ring"
+    )
 
 
 def one_line(text: str) -> str:

@@ -31,11 +31,12 @@ from durable_agents.cli.common import (
     RPC_TIMEOUT,
     CliError,
     cli_command,
+    following,
     name_list,
     on_interrupt,
     positive_int,
     print_json,
-    reattach_note,
+    temporal_lost,
     temporal_state,
     warn_when_no_worker,
 )
@@ -107,7 +108,7 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
         details=static_details(inp),
         reuse_id=args.reuse_id,
     )
-    on_interrupt(reattach_note(workflow_id))
+    following(workflow_id)
     if not args.json:
         print(f"started run {workflow_id} on task queue {task_queue}")
         link = ui_link(settings.temporal.ui_url, client.namespace, workflow_id, handle.result_run_id)
@@ -158,7 +159,8 @@ def read_task(args: argparse.Namespace) -> str:
     if args.task_file is not None:
         task = _read_task_file(args.task_file)
     elif args.task is None:
-        raise CliError('run needs a task: starter.py run "TASK" (or --task-file FILE, - for stdin)', code=EXIT_USAGE)
+        example = cli_command('run "TASK"')
+        raise CliError(f"run needs a task: {example} (or --task-file FILE, - for stdin)", code=EXIT_USAGE)
     else:
         task = args.task  # main checked it is UTF-8
     return checked_task(task)
@@ -346,7 +348,7 @@ class _FollowPrinter:
         held, self.held = self.held, []
         for offset, event in held:
             self.printer(offset, event)
-            on_interrupt(reattach_note(self.handle.id, offset + 1))
+            following(self.handle.id, offset + 1)
             child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
             if isinstance(child_id, str) and child_id:
                 follow = watch_child(self.client, child_id, sys.stdout, POLL_COOLDOWN, None, 1)
@@ -382,8 +384,8 @@ async def _follow_stream(
         await asyncio.wait(waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
         printer.flush()
         if watcher.done() and not watcher.cancelled() and (failure := watcher.exception()) is not None:
-            if isinstance(failure, BrokenPipeError):
-                raise failure  # the reader of stdout went away: nothing left to show
+            if isinstance(failure, BrokenPipeError) or temporal_lost(failure):
+                raise failure  # the reader of stdout went away, or the server did: nothing left to show
             print(
                 f"warning: progress stream unavailable ({failure}); polling the run's status",
                 file=sys.stderr,

@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from activities.approvals import load_policy
-from activities.catalog import tool_registry
-from activities.mcp.catalog import tool_def
-from activities.mcp.config import load_mcp_config
-from activities.mcp.pool import McpPool
-from activities.redaction import redact
 from activities.settings import Settings
-from activities.tools.spec import ToolSpec
 from durable_agents.cli.common import EXIT_OK, EXIT_RUN, print_json
-from workflows.policy import Policy, decide
 from workflows.types import MCP_PREFIX
 
 if TYPE_CHECKING:
     from mcp.types import Tool  # the mcp extra
+
+    from activities.mcp.pool import McpPool
+    from activities.tools.spec import ToolSpec
+    from workflows.policy import Policy
 
 DESCRIPTION_CHARS = 60
 COLUMNS = ("NAME", "SOURCE", "KIND", "POLICY", "DESCRIPTION")
@@ -50,16 +47,36 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    """List the tools; needs no Temporal server (it starts and stops the MCP servers itself)."""
+    """List the tools; needs no Temporal server (it starts and stops the MCP servers itself).
+
+    The MCP servers start first: while they boot (each its own process), this process loads the
+    tool modules and the policy. The MCP client library and the tool catalog are imported here, not
+    by ``starter.py`` itself, so no other command pays for them.
+    """
+    from activities.mcp.config import load_mcp_config
+    from activities.redaction import redact
+
     config = load_mcp_config(settings)
     settings = settings.with_secrets(config.secrets)
     secrets = settings.secret_values()
-    registry = tool_registry(settings)
-    policy = Policy.model_validate(load_policy(settings.policy_file))
-    rows = [_builtin_row(spec, policy) for spec in registry.specs()]
-    rows.sort(key=lambda row: (row["source"] != "builtin", row["source"], row["name"]))
-    pool = McpPool(config, tuple(secrets))
-    listed, failures = await _mcp_tools(pool, secrets)
+    listing: asyncio.Future[tuple[dict[str, list[Tool] | None], dict[str, str]]] | None = None
+    if config.servers:
+        from activities.mcp.pool import McpPool
+
+        pool = McpPool(config, tuple(secrets))
+        listing = asyncio.ensure_future(_mcp_tools(pool, secrets))
+    try:
+        # In a thread: the imports would otherwise hold the event loop, and the servers' start with it.
+        policy, rows = await asyncio.to_thread(_builtin_rows, settings)
+        listed, failures = await listing if listing is not None else ({}, {})
+    finally:
+        if listing is not None and not listing.done():  # the policy or a tool module was refused
+            listing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listing  # it stops the servers it started
+    if listed:
+        from activities.mcp.catalog import tool_def
+        from workflows.policy import decide
     taken: set[str] = set()  # MCP names are made unique among themselves, as the worker does
     for server, tools in listed.items():
         server_config = config.servers[server]
@@ -92,12 +109,27 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_RUN if failures else EXIT_OK
 
 
+def _builtin_rows(settings: Settings) -> tuple[Policy, list[dict[str, Any]]]:
+    """The operator's policy, and a row for each tool of the registry (built-ins, then module tools)."""
+    from activities.approvals import load_policy
+    from activities.catalog import tool_registry
+    from workflows.policy import Policy
+
+    registry = tool_registry(settings)
+    policy = Policy.model_validate(load_policy(settings.policy_file))
+    rows = [_builtin_row(spec, policy) for spec in registry.specs()]
+    rows.sort(key=lambda row: (row["source"] != "builtin", row["source"], row["name"]))
+    return policy, rows
+
+
 async def _mcp_tools(pool: McpPool, secrets: list[str]) -> tuple[dict[str, list[Tool] | None], dict[str, str]]:
     """Each server's tools (None when it could not list them), and why not, one line each; every server stopped.
 
     The servers start and list at once; the pool bounds each start, and each page of tools, by the
     server's ``startup_timeout_s``.
     """
+    from activities.redaction import redact
+
     servers = list(pool.config.servers)
     try:
         results = await asyncio.gather(*(pool.list_tools(server) for server in servers), return_exceptions=True)
@@ -117,6 +149,8 @@ async def _mcp_tools(pool: McpPool, secrets: list[str]) -> tuple[dict[str, list[
 
 
 def _builtin_row(spec: ToolSpec, policy: Policy) -> dict[str, Any]:
+    from workflows.policy import decide
+
     module = spec.fn.__module__
     source = "builtin" if module.startswith(f"{BUILTIN_PACKAGE}.") else f"module {module}"
     decision = decide(policy, None, spec.name, {}, side_effect=spec.side_effect, sandboxed=spec.uses_sandbox)

@@ -45,11 +45,11 @@ from durable_agents.cli.common import (
     describe_run,
     ended_state,
     event_offset,
+    following,
     no_worker_line,
-    on_interrupt,
     poller_count,
-    reattach_note,
     start_worker_hint,
+    temporal_lost,
     warn_when_no_worker,
 )
 from workflows.agent import AgentWorkflow
@@ -292,9 +292,9 @@ async def cmd_watch(client: Client, args: argparse.Namespace, settings: Settings
         await _readable_after_the_end(client, handle, desc)
 
     def seen(offset: int, event: ProgressEvent) -> None:
-        on_interrupt(reattach_note(workflow_id, offset + 1))
+        following(workflow_id, offset + 1)
 
-    on_interrupt(reattach_note(workflow_id, args.from_offset))
+    following(workflow_id, args.from_offset)
     watchdog = asyncio.ensure_future(
         warn_when_no_worker(client, workflow_id, desc.task_queue, doing="shows its progress once one does")
     )
@@ -310,6 +310,8 @@ async def cmd_watch(client: Client, args: argparse.Namespace, settings: Settings
     except (WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
         raise CliError(f"cannot read the progress of {workflow_id}: {err.cause or err}") from None
     except RPCError as err:
+        if temporal_lost(err):
+            raise  # one line from main: the connection was lost, and how to reattach
         raise CliError(f"cannot read the progress of {workflow_id}: {err.message}") from None
     finally:
         watchdog.cancel()

@@ -22,9 +22,15 @@ import json
 import re
 from typing import Any
 
-from activities.models import FatalProviderError, ModelProvider, ProviderReply, provider
-from activities.settings import Settings
-from workflows.types import Message, RecordedToolCall
+from durable_agents import (
+    FatalProviderError,
+    Message,
+    ModelProvider,
+    ProviderReply,
+    RecordedToolCall,
+    Settings,
+    provider,
+)
 
 LOOKUP_TOOL = "stock_lookup"
 _ARTICLE = re.compile(r"\b[A-Z]-\d{4}\b")

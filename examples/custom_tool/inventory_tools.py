@@ -22,8 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from activities.settings import Settings
-from activities.tools import ToolContext, ToolError, tool
+from durable_agents import Settings, ToolContext, ToolError, tool
 
 # Article number -> (name, units on hand).
 CATALOGUE: dict[str, tuple[str, int]] = {
