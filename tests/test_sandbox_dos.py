@@ -31,6 +31,7 @@ from activities.settings import Settings
 from activities.tools import builtins
 from activities.tools.spec import ToolContext, ToolError
 from tests.conftest import remove_all, require_bwrap
+from tests.waiting import eventually
 from workflows.types import ToolInvocation
 
 GUARD_S = 15.0
@@ -159,7 +160,7 @@ async def test_a_directory_swapped_for_a_symlink_never_redirects_a_write(box: Lo
     swapper = (
         "import ctypes, os, time\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
-        f"os.mkdir('d'); os.symlink({str(outside)!r}, 'l')\n"
+        f"os.mkdir('d'); os.symlink({str(outside)!r}, 'l'); open('ready', 'w').close()\n"
         "end = time.monotonic() + 3\n"
         "while time.monotonic() < end:\n"
         "    libc.syscall(316, -100, b'd', -100, b'l', 2)  # renameat2(RENAME_EXCHANGE) on x86_64\n"
@@ -167,7 +168,8 @@ async def test_a_directory_swapped_for_a_symlink_never_redirects_a_write(box: Lo
     if os.uname().machine != "x86_64":
         swapper = swapper.replace("316", "276")  # aarch64
     running = asyncio.ensure_future(box.run(["/usr/bin/python3", "-c", swapper], timeout_s=10))
-    await asyncio.sleep(0.3)
+    # the first write would create d itself: start once the swapper has made d and the link
+    await eventually(lambda: (box.workspace / "ready").exists() or running.done(), "the swapper is ready")
     outcomes = {"written": 0, "refused": 0}
     for i in range(300):
         try:

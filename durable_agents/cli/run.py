@@ -391,6 +391,9 @@ async def _follow_stream(
                 file=sys.stderr,
             )
             return await _poll_loop(handle, result_task, reviewer=reviewer)
+    if not result_task.cancelled() and (lost := result_task.exception()) is not None and temporal_lost(lost):
+        watcher.cancel()  # the server went away: the one line main prints says so, and how to reattach
+        raise lost
     if not watcher.done():
         await asyncio.wait({watcher}, timeout=DRAIN_S)  # the run's last events are on their way
         watcher.cancel()
@@ -399,7 +402,7 @@ async def _follow_stream(
         for child in printer.children:
             child.cancel()
     [ended] = await asyncio.gather(watcher, return_exceptions=True)
-    if isinstance(ended, BrokenPipeError):
+    if isinstance(ended, BrokenPipeError) or (isinstance(ended, Exception) and temporal_lost(ended)):
         raise ended
     if isinstance(ended, Exception):
         print(f"warning: the progress stream ended early ({ended}); progress lines may be missing", file=sys.stderr)
