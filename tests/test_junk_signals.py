@@ -241,9 +241,11 @@ class SlowLog(logging.Handler):
 async def test_a_flood_of_refusals_fails_no_workflow_task_on_a_slow_machine(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
-    """Issue 21 item 16: a thousand junk signals reach the run in a few activations; one line logged for
-    each refusal took longer than the SDK's 2 s deadlock limit there, so every retry of the workflow
-    task failed ("Workflow Task in failed state") and the status query with it."""
+    """A burst of junk signals reaches the run in one or two activations, on a machine where every log
+    line costs 20 ms. A line per refusal would cost 4 s for these 200, over the SDK's 2 s deadlock
+    limit, and every retry of the workflow task would fail the same way; the throttled lines cost at
+    most 0.1 s an activation. The burst is 200, not more: replaying a thousand signals without a cache
+    takes the SDK itself near that limit on a starved machine, whatever the workflow logs."""
     llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]), Scripted(text="done"))
     slow = SlowLog(0.02)
     logging.getLogger("temporalio.workflow").addHandler(slow)
@@ -253,15 +255,15 @@ async def test_a_flood_of_refusals_fails_no_workflow_task_on_a_slow_machine(
             aid = (await pending_view(handle)).pending_approvals[0].approval_id
             untyped = dev_env.client.get_workflow_handle(handle.id)
             forged = {"approval_id": "ap_forged0000000", "reviewer": "alice"}
-            for _ in range(10):
+            for _ in range(2):
                 await asyncio.gather(*(untyped.signal("approve", forged) for _ in range(100)))
 
             async def all_refused() -> StatusView | None:
                 seen = await status_unless_not_ready(handle)
-                return seen if seen is not None and seen.refused_total >= 1000 else None
+                return seen if seen is not None and seen.refused_total >= 200 else None
 
-            view = await eventually(all_refused, "the run counts 1000 refusals", every_s=0.1)
-            assert view.refused_counts == {"unknown_approval": 1000}
+            view = await eventually(all_refused, "the run counts 200 refusals", every_s=0.1)
+            assert view.refused_counts == {"unknown_approval": 200}
             await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=aid, reviewer="alice"))
             assert (await asyncio.wait_for(handle.result(), timeout=DEADLINE_S)).status == "completed"
     finally:
