@@ -240,6 +240,11 @@ def _handler_for(api: DedupeServer) -> type[BaseHTTPRequestHandler]:
         def _handle(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if len(body) < length:
+                # The client died mid-body (a worker killed while sending): a real server gets a short
+                # read, answers nothing and applies nothing; http.server would hand us the fragment.
+                self.close_connection = True
+                return
             split = urlsplit(self.path)
             idem = self.headers.get("Idempotency-Key", "")
             charge_key = self.headers.get("X-Charge-Key", "")
