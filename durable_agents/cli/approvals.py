@@ -41,6 +41,7 @@ from activities.settings import Settings
 from durable_agents.cli.approval_text import deciding, pending_lines, pending_row
 from durable_agents.cli.common import (
     EXIT_USAGE,
+    QUERY_TIMEOUT,
     QUICK_QUERY_TIMEOUT,
     VISIBILITY_PAGE,
     CliError,
@@ -365,7 +366,9 @@ async def _decide_command(
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
     decide_request(args.approval_id or "ap_0", decision, reviewer, note, "")  # bad input: refused before asking
-    state, view = await running_view(client, workflow_id)
+    # A decision waits longer than a glance at the status: a worker that just restarted replays the run
+    # first. With no worker polling at all, the answer still comes at once.
+    state, view = await running_view(client, workflow_id, query_timeout=QUERY_TIMEOUT)
     if view is None:
         raise CliError(f"run {workflow_id} is not running ({state}); there is nothing to {decision}")
     # Each run of the tree is asked for its own approvals: what a parent relays is never signed.
