@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from durable_agents.client import connect, exit_process
     from durable_agents.plugin import DurableAgentsPlugin
     from workflows.run_failure import result_of_failure
+    from workflows.session_types import SendResult, SessionMessage, SessionSpec
     from workflows.types import (
         AgentInput,
         AgentResult,
@@ -64,6 +65,10 @@ _HOMES: dict[str, str] = {
     "SubagentDef": "workflows.types",
     "ToolInvocation": "workflows.types",
     "Usage": "workflows.types",
+    # sessions
+    "SessionSpec": "workflows.session_types",
+    "SessionMessage": "workflows.session_types",
+    "SendResult": "workflows.session_types",
     # tools
     "tool": "activities.tools",
     "ToolContext": "activities.tools",
@@ -96,6 +101,9 @@ __all__ = [
     "RecordedToolCall",
     "Recovery",
     "RetryableProviderError",
+    "SendResult",
+    "SessionMessage",
+    "SessionSpec",
     "Settings",
     "StatusView",
     "SubagentDef",

@@ -10,14 +10,16 @@ def deadline(limits: Limits, carry: Carry) -> float:
 
     ``timeout_s`` bounds the run's own working time, measured from its first
     execution; time spent waiting for a human decision does not count (each
-    approval has its own expiry), so a day-long approval wait does not kill a run.
+    approval has its own expiry), so a day-long approval wait does not kill a run. A session's
+    ``timeout_s`` covers one message's work: it counts from when that work began.
     """
-    return carry.started_at + limits.timeout_s + carry.waited_s
+    return (carry.work_started_at or carry.started_at) + limits.timeout_s + carry.waited_s
 
 
 def limit_reason(limits: Limits, carry: Carry, now: float) -> str:
     """Why the run must stop before another model turn, or ``""``."""
-    if carry.step - carry.forked_at_step >= limits.max_steps:  # a fork's limit counts its own steps
+    # A fork's limit counts its own steps; a session's, those of the message being worked on.
+    if carry.step - max(carry.forked_at_step, carry.message_step) >= limits.max_steps:
         return f"max_steps={limits.max_steps} reached"
     if carry.usage.total_tokens >= limits.max_tokens:
         return f"max_tokens={limits.max_tokens} reached ({carry.usage.total_tokens} used)"

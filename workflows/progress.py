@@ -30,6 +30,12 @@ EventKind = Literal[
     "continued_as_new",
     "rewound",
     "finished",
+    # sessions
+    "message_received",  # a message was taken (data: seq, message_id, sender)
+    "message_refused",  # a message was refused (data: reason)
+    "interrupted",  # the model turn in flight was cancelled for a new message
+    "replied",  # the work on the messages up to data.seq ended; the session is idle
+    "idle",  # the session's sandbox was stopped while idle, or it closes
 ]
 TOPIC = "progress"
 STREAM_RETAIN = 500  # events kept (and carried across continue-as-new) for late subscribers

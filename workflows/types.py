@@ -20,10 +20,12 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.known_keys import KnownKeys
+from workflows.session_types import SessionCarry, SessionSpec
 
 # Bounds of what a run accepts from outside. Every number and string a caller sends is bounded, so
 # that no input can overflow a timer or a datetime in workflow code, or grow the run's state
@@ -55,7 +57,8 @@ MAX_TURN_CHILD_INPUT_BYTES = 2 * 1024 * 1024
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
-RunState = Literal["running", "waiting_approval", "completed", "failed", "cancelled", "limit_exceeded"]
+# ``idle``: a session waiting for its next message.
+RunState = Literal["running", "waiting_approval", "idle", "completed", "failed", "cancelled", "limit_exceeded"]
 ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
 
 
@@ -189,6 +192,15 @@ class Carry(BaseModel):
     cost_tracked: bool = True  # RunConfig.cost_tracked, shown by ``status`` after continue-as-new too
     # RunConfig.fail_workflow_on_error: a failed or limit_exceeded end fails the workflow (AgentRunFailed).
     fail_workflow_on_error: bool = False
+    session: SessionCarry | None = None  # set for sessions: their messages, queue and idle time
+    # What a session's idempotency keys and approval ids derive from: "<workflow id>/<first run id>", so
+    # that a session woken under the same workflow id after it ended never meets its earlier keys.
+    # "" (every run): the workflow id.
+    key_scope: str = Field(default="", max_length=1200)
+    # The step the current message's work began after (sessions): ``max_steps`` counts from here.
+    message_step: int = Field(default=0, ge=0, le=10**6)
+    # Epoch seconds the current message's work began (sessions): ``timeout_s`` counts from here (0: started_at).
+    work_started_at: float = Field(default=0.0, ge=0, le=1e11)
 
     # A carry is made by continue-as-new, but anyone who can start a run can send one: its
     # numbers feed timers and deadlines, so they are bounded like the rest of the input.
@@ -236,10 +248,11 @@ class ForkSpec(KnownKeys):
 
 
 class AgentInput(KnownKeys):
-    """Workflow input. Only ``task`` is required (public contract); unknown fields are refused by name,
-    with the nearest valid one (``unknown key 'taks' (did you mean 'task'?)``)."""
+    """Workflow input. Only ``task`` is required (public contract), unless ``session`` is given; unknown
+    fields are refused by name, with the nearest valid one (``unknown key 'taks' (did you mean 'task'?)``)."""
 
-    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)  # what the agent should do (not blank)
+    # What the agent should do (not blank). A session's is optional: when given, its first message.
+    task: str = Field(default="", max_length=MAX_TASK_CHARS)
     model: Name = ""  # empty: the worker's AGENT_MODEL (scripted:demo when no key is configured)
     tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)  # None: every registered tool
     limits: Limits = Field(default_factory=Limits)  # brakes checked before every model turn
@@ -267,13 +280,30 @@ class AgentInput(KnownKeys):
     # sub-agent definitions in the run store, and the name of the one this run is.
     subagents_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)
     as_subagent: str = Field(default="", pattern=r"^([a-zA-Z][a-zA-Z0-9_-]{0,63})?$")  # which of them this run is
+    # The run is a session: after each reply it waits for the next message (``workflows.session_types``).
+    session: SessionSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_or_session(cls, data: Any) -> Any:
+        # A run without a task is refused as a missing field, as before sessions existed.
+        if isinstance(data, dict) and "task" not in data and data.get("session") is None:
+            missing = InitErrorDetails(type="missing", loc=("task",), input=data)
+            raise ValidationError.from_exception_data(cls.__name__, [missing])
+        return data
 
     @field_validator("task")
     @classmethod
     def _task_has_text(cls, task: str) -> str:
-        if not task.strip():
+        if not task.strip() and task:
             raise ValueError("must not be empty or whitespace only")
         return task
+
+    @model_validator(mode="after")
+    def _run_has_task(self) -> AgentInput:
+        if not self.task and self.session is None:
+            raise ValueError("task must not be empty (only a session may start without one)")
+        return self
 
 
 class AgentResult(BaseModel):
@@ -392,6 +422,14 @@ class StatusView(BaseModel):
     # The sub-agent runs it started that still run (from its own state): ask each for its own
     # approvals. ``pending_approvals`` entries naming another run are only what those reported.
     subagents: list[str] = Field(default_factory=list)
+    # Sessions (``session`` true): messages taken, the highest one answered, when the last arrived, how
+    # many wait to be taken, and the last message (a preview). ``output`` is then the last reply.
+    session: bool = False
+    messages: int = 0
+    replied: int = 0
+    last_message_at: str = ""
+    queued: int = 0
+    last_message: str = ""
 
 
 # --- transcript -----------------------------------------------------------------
