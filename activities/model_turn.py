@@ -46,6 +46,7 @@ from workflows.types import (
 MAX_TEXT_IN_HISTORY = 32 * 1024
 BUDGET_POLL_S = 0.2  # how often a turn waiting for the tree's budget asks again
 MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
+INTERRUPTIBLE_HEARTBEAT_S = 1.0  # a cancel arrives with a heartbeat's answer (ModelRequest.interruptible)
 log = structlog.get_logger("activities.model")
 
 
@@ -188,7 +189,7 @@ class ModelActivities:
             attributes=telemetry.gen_ai_chat_attributes(provider_name, model_name, req.conversation_id),
         ) as span:
             try:
-                async with heartbeating(MODEL_HEARTBEAT_S):
+                async with heartbeating(INTERRUPTIBLE_HEARTBEAT_S if req.interruptible else MODEL_HEARTBEAT_S):
                     reply = await complete_capped(
                         self._rt.providers.get(provider_name),
                         model_name,

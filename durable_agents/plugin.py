@@ -55,6 +55,7 @@ from activities.models.registry import ProviderRegistry
 from activities.run_config import RunConfigActivities
 from activities.runtime import Runtime
 from activities.sandbox.activity import SandboxActivities
+from activities.sessions import SessionActivities
 from activities.settings import ConfigurationError, Settings
 from activities.tools.activity import CompensationActivities, TranscriptActivities, tool_activities
 from activities.tools.registry import ToolRegistry
@@ -121,6 +122,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         mcp.mcp,
         mcp.mcp_release,
         ForkActivities(runtime).fork_prepare,
+        SessionActivities(runtime).session_open,
         DelegationActivities(runtime).tree_run_reserve,
         *tool_activities(runtime),
     ]

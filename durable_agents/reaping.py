@@ -18,6 +18,7 @@ from activities.checkpoints.gc import workflow_of
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
+from workflows.identity import SESSION_RUN
 
 log = structlog.get_logger("reaper")
 
@@ -42,7 +43,8 @@ def run_closed_checker(client: Client) -> Callable[[str], Awaitable[bool]]:
                 return True
             raise
         latest_first_run = desc.raw_description.workflow_execution_info.first_run_id
-        if first_run_id and latest_first_run and latest_first_run != first_run_id:
+        # A session's sandbox belongs to whichever run of it is current (``<workflow id>/session``).
+        if first_run_id and first_run_id != SESSION_RUN and latest_first_run and latest_first_run != first_run_id:
             return True
         return desc.status != WorkflowExecutionStatus.RUNNING
 
@@ -81,7 +83,7 @@ def conversation_keeper(client: Client, retention_s: float) -> Callable[[str, fl
                 first = desc.raw_description.workflow_execution_info.first_run_id
                 described[workflow_id] = (first, desc.status == WorkflowExecutionStatus.RUNNING, closed)
         first, running, closed_at = described[workflow_id]
-        if first != first_run_id:
+        if first != first_run_id and not (first_run_id == SESSION_RUN and first):
             return now - last_write < retention_s
         if running:
             return True

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -29,12 +30,16 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.approvals import ApprovalBook
     from workflows.delegation import INPUT_SIZE_PATCH, input_size_problem
+    from workflows.ending import Ending, EndingScope
+    from workflows.identity import session_conversation_id
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, safe
-    from workflows.limits import deadline, limit_reason
+    from workflows.limits import budget_spent, deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
     from workflows.progress import FORK_OF, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
     from workflows.run_failure import FAILING_STATUSES, run_failed_error
+    from workflows.session import SessionBook, SessionHandlers
+    from workflows.session_types import SessionCarry, SessionMessage, SessionOpenRequest, SessionOpenResult
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
     from workflows.types import (
@@ -88,7 +93,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 @workflow.defn(name="AgentWorkflow")
-class AgentWorkflow(ApprovalHandlers):
+class AgentWorkflow(ApprovalHandlers, SessionHandlers):
     @workflow.init
     @one_payload
     def __init__(self, raw: RunInput = NO_PAYLOAD, *extra: Any) -> None:
@@ -131,6 +136,12 @@ class AgentWorkflow(ApprovalHandlers):
         self._reports: set[asyncio.Future[None]] = set()
         self._child_reports_on = bool(self._input and self._input.depth > 0)  # started by an AgentWorkflow
         self._start_notes: list[str] = []  # what the run starts without (RunConfig.notes)
+        # Sessions: messages taken and waiting (carried across continue-as-new), and the model turn in
+        # flight, which a message may interrupt (``workflows.session``).
+        spec = self._input.session if self._input else None
+        self._sessions = SessionBook(spec, carry.session if carry and carry.session else SessionCarry())
+        self._model_call: asyncio.Task[Any] | None = None
+        self._interrupting = False
 
     # --- public read side ----------------------------------------------------------
 
@@ -156,7 +167,21 @@ class AgentWorkflow(ApprovalHandlers):
             cost_tracked=self._carry.cost_tracked if self._carry else True,
             notes=self._start_notes,
             subagents=sorted(self._live_children),
+            **self._session_view(),
         )
+
+    def _session_view(self) -> dict[str, Any]:
+        if not self._sessions.on:
+            return {}
+        state = self._sessions.state
+        return {
+            "session": True,
+            "messages": state.messages,
+            "replied": state.replied,
+            "last_message_at": state.last_message_at,
+            "queued": len(state.queue),
+            "last_message": state.last_message,
+        }
 
     # --- the loop --------------------------------------------------------------------
 
@@ -198,7 +223,12 @@ class AgentWorkflow(ApprovalHandlers):
             on_child_ended=self._child_ended,
         )
         try:
-            result = await self._loop(inp, carry)
+            if inp.session is not None:
+                result = await self._run_session(inp, inp.session, carry)
+            else:
+                ending = await self._loop(inp, carry)
+                await self._cleanup(carry)
+                result = self._finish(ending.status, ending.text)
         except (asyncio.CancelledError, ActivityError, ChildWorkflowError) as err:
             if not is_cancelled_exception(err):
                 raise
@@ -259,7 +289,11 @@ class AgentWorkflow(ApprovalHandlers):
 
     async def _fresh_carry(self, inp: AgentInput) -> Carry:
         info = workflow.info()
-        conversation_id = f"{info.workflow_id}/{info.first_execution_run_id}"
+        conversation_id = (
+            session_conversation_id(info.workflow_id)
+            if inp.session is not None
+            else f"{info.workflow_id}/{info.first_execution_run_id}"
+        )
         fork = await self._fork(inp, conversation_id) if inp.fork is not None else None
         try:
             config = await workflow.execute_local_activity(
@@ -283,10 +317,11 @@ class AgentWorkflow(ApprovalHandlers):
         except (ActivityError, ApplicationError) as err:  # a local activity's failure arrives unwrapped
             problem = err.message if isinstance(err, ApplicationError) else cause_text(err)
             raise _invalid_input(safe(problem, MESSAGE_MAX)) from None
-        opening = [
-            Message(role="system", content=inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT),
-            Message(role="user", content=inp.task),
-        ]
+        system_prompt = inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT
+        opening = [Message(role="system", content=system_prompt), Message(role="user", content=inp.task)]
+        opened = await self._open_session(inp, conversation_id, system_prompt) if inp.session is not None else None
+        if opened is not None:  # the system prompt is stored (or was, by the session's earlier runs)
+            opening = []
         self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]
         carry = Carry(
             conversation_id=conversation_id,
@@ -321,6 +356,8 @@ class AgentWorkflow(ApprovalHandlers):
             pending=[TranscriptEntry(seq=i, message=m) for i, m in enumerate(opening)],
             checkpoint=inp.checkpoint,
         )
+        if opened is not None:
+            self._adopt_session(inp, carry, opened)
         if fork is not None:  # the source's first steps are in the store already, copied by fork_prepare
             assert inp.fork is not None
             carry.step, carry.transcript_len, carry.pending = fork.step, fork.transcript_len, []
@@ -337,7 +374,12 @@ class AgentWorkflow(ApprovalHandlers):
         try:
             result: ForkResult = await workflow.execute_activity(
                 "fork_prepare",
-                ForkRequest(source=inp.fork, conversation_id=conversation_id, task=inp.task, tenant=inp.tenant),
+                ForkRequest(
+                    source=inp.fork,
+                    conversation_id=conversation_id,
+                    task="" if inp.session is not None else inp.task,  # a session takes it as its first message
+                    tenant=inp.tenant,
+                ),
                 result_type=ForkResult,
                 start_to_close_timeout=timedelta(seconds=120),
                 retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["InvalidInput"]),
@@ -350,18 +392,21 @@ class AgentWorkflow(ApprovalHandlers):
             refusal = err.cause.message if isinstance(err.cause, ApplicationError) else cause_text(err)
             raise _invalid_input(f"fork: {safe(refusal, MESSAGE_MAX)}") from None
 
-    async def _loop(self, inp: AgentInput, carry: Carry) -> AgentResult:
+    async def _loop(self, inp: AgentInput, carry: Carry) -> Ending:
+        """Model turns and their tool calls until the work ends (the caller cleans up and finishes)."""
+        session = inp.session is not None
         while True:
             limit = limit_reason(inp.limits, carry, workflow.now().timestamp())
             if limit:
-                await self._cleanup(carry)
-                return self._finish("limit_exceeded", limit)
+                # A session's max_steps and timeout_s are each message's; max_tokens and max_cost_usd its own.
+                scope: EndingScope = "message" if session and not budget_spent(inp.limits, carry) else "run"
+                return Ending("limit_exceeded", limit, scope)
             if workflow.info().is_continue_as_new_suggested():
-                carry.continued += 1
-                self._emit("continued_as_new", f"continuing as new after step {carry.step}")
-                carry.stream = await self._reporter.hand_over()
-                carry.refused, carry.refused_counts = self._book.refused, dict(self._book.refused_counts)
-                workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
+                await self._continue_as_new(inp, carry)
+            if session:
+                if self._sessions.state.closing:
+                    return Ending("completed", "", "close")
+                self._sessions.hand_over(carry)
 
             self._step = carry.step = carry.step + 1
             self._emit("turn_started", f"turn {carry.step}: waiting for {carry.model}")
@@ -369,13 +414,18 @@ class AgentWorkflow(ApprovalHandlers):
                 turn = await self._model_turn(inp, carry)
             except ActivityError as err:
                 if is_cancelled_exception(err):
+                    if self._interrupted():  # for a new message: the turn starts again with it
+                        self._step = carry.step = carry.step - 1
+                        self._emit("interrupted", f"turn {carry.step + 1}: interrupted by a new message")
+                        continue
                     raise
-                await self._cleanup(carry)
+                scope = "message" if session else "run"  # a session's model failing ends one message's work
                 if isinstance(err.cause, ApplicationError) and err.cause.type == BUDGET_EXHAUSTED:
-                    return self._finish("limit_exceeded", f"the tree's budget is spent: {err.cause.message}")
+                    return Ending("limit_exceeded", f"the tree's budget is spent: {err.cause.message}")
                 if self._deadline_passed(inp, carry):
-                    return self._finish("limit_exceeded", f"timeout_s={inp.limits.timeout_s} reached")
-                return self._finish("failed", f"model {carry.model} failed: {cause_text(err)}")
+                    return Ending("limit_exceeded", f"timeout_s={inp.limits.timeout_s} reached", scope)
+                return Ending("failed", f"model {carry.model} failed: {cause_text(err)}", scope)
+            self._interrupting = False  # a cancel that came too late: the turn is answered, and counts
 
             self._usage = carry.usage = carry.usage.plus(turn.usage)
             if turn.conversation_id and turn.conversation_id != carry.conversation_id:
@@ -392,12 +442,25 @@ class AgentWorkflow(ApprovalHandlers):
                 tool_calls=[c.name for c in turn.tool_calls],
             )
             if not turn.tool_calls:
-                await self._cleanup(carry)
-                return self._finish("completed", turn.text)
+                return Ending("completed", turn.text, "message" if session else "run")
             await self._tools.run_turn(inp, carry, turn)
             self._usage, self._children_usage = carry.usage, carry.children_usage
 
+    def _interrupted(self) -> bool:
+        """Whether the model turn was cancelled by this run for a new message (not the run's own cancel)."""
+        interrupted, self._interrupting = self._interrupting, False
+        task = asyncio.current_task()
+        return interrupted and not (task is not None and task.cancelling())
+
+    async def _continue_as_new(self, inp: AgentInput, carry: Carry) -> None:
+        carry.continued += 1
+        self._emit("continued_as_new", f"continuing as new after step {carry.step}")
+        carry.stream = await self._reporter.hand_over()
+        carry.refused, carry.refused_counts = self._book.refused, dict(self._book.refused_counts)
+        workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
+
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
+        interruptible = inp.session is not None and inp.session.on_busy == "interrupt"
         request = ModelRequest(
             conversation_id=carry.conversation_id,
             model=carry.model,
@@ -409,8 +472,11 @@ class AgentWorkflow(ApprovalHandlers):
             budget=carry.budget,
             mcp_snapshot=carry.mcp_snapshot,
             subagents_ref=carry.subagents_ref,
+            interruptible=interruptible,
         )
-        turn: ModelTurn = await workflow.execute_activity(
+        # An interrupted turn is waited for until its activity has stopped, so that no reply it was still
+        # writing lands where the next turn writes; ``close`` interrupts any session's turn the same way.
+        call = workflow.start_activity(
             "model",
             request,
             result_type=ModelTurn,
@@ -419,9 +485,51 @@ class AgentWorkflow(ApprovalHandlers):
             schedule_to_close_timeout=self._remaining(inp, carry),
             retry_policy=MODEL_RETRY,
             summary=f"{carry.model} · turn {carry.step}",
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+            if inp.session is not None
+            else ActivityCancellationType.TRY_CANCEL,
         )
+        self._model_call = call
+        try:
+            turn: ModelTurn = await call
+        finally:
+            self._model_call = None
         carry.pending = []
         return turn
+
+    async def _open_session(self, inp: AgentInput, conversation_id: str, system_prompt: str) -> SessionOpenResult:
+        """Where the session's conversation stands (``session_open``): new, or left by its earlier runs."""
+        try:
+            opened: SessionOpenResult = await workflow.execute_activity(
+                "session_open",
+                SessionOpenRequest(conversation_id=conversation_id, tenant=inp.tenant, system_prompt=system_prompt),
+                result_type=SessionOpenResult,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["InvalidInput"]),
+                summary="open session",
+            )
+            return opened
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            refusal = err.cause.message if isinstance(err.cause, ApplicationError) else cause_text(err)
+            raise _invalid_input(f"session: {safe(refusal, MESSAGE_MAX)}") from None
+
+    def _adopt_session(self, inp: AgentInput, carry: Carry, opened: SessionOpenResult) -> None:
+        """A new run of a session goes on from its conversation; its task, when given, is its first message."""
+        info = workflow.info()
+        state = self._sessions.state
+        carry.transcript_len, carry.step, carry.pending = opened.transcript_len, opened.steps, []
+        carry.checkpoint = inp.checkpoint or opened.checkpoint
+        carry.key_scope = f"{info.workflow_id}/{info.first_execution_run_id}"
+        state.messages = state.handed = state.replied = opened.messages
+        state.last_reply, state.last_message = opened.last_reply, opened.last_message
+        self._output = opened.last_reply
+        if opened.closed_calls:
+            self._start_notes.append(f"{opened.closed_calls} tool call(s) an earlier run left unfinished were closed")
+        if inp.task:
+            message = SessionMessage(message_id=f"task:{info.first_execution_run_id}", text=inp.task)
+            self._sessions.take(message, workflow.now().isoformat())
 
     async def _cleanup(self, carry: Carry) -> None:
         """Store workflow-made results, then kill the sandbox: each step on its own; neither fails the run."""

@@ -198,7 +198,10 @@ class ApprovalHandlers:
         if name == PUBLISH_SIGNAL:  # sent before the stream's handler was registered
             self._refuse_publish()
             return
-        self._refuse("unknown_signal", f"refused signal {quote(name)}: this run has only approve, reject and resolve")
+        self._refuse(
+            "unknown_signal",
+            f"refused signal {quote(name)}: this run has only approve, reject, resolve, message and close",
+        )
 
     @one_payload
     def _refuse_publish(self, raw: RawValue = NO_PAYLOAD, *extra: Any) -> None:
@@ -256,7 +259,7 @@ class ApprovalHandlers:
         self._emit("approval_decided", f"{aid} {outcome} by {request.reviewer}", approval_id=aid, outcome=outcome)
         return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
 
-    def _refuse(self, kind: str, message: str, approval_id: str = "") -> None:
+    def _refuse(self, kind: str, message: str, approval_id: str = "", event: EventKind = "decision_refused") -> None:
         """List and count the refusal; log it and tell the progress stream, both throttled.
 
         A constant cost whatever the flood: the server hands every signal that arrived meanwhile
@@ -273,11 +276,11 @@ class ApprovalHandlers:
         data = {"approval_id": approval_id, "reason": kind} if approval_id else {"reason": kind}
         if total <= REFUSAL_EVENTS:
             self._log_refusal(message)
-            self._emit("decision_refused", message, **data)
+            self._emit(event, message, **data)
         elif total % REFUSAL_EVENT_EVERY == 0:
             summary = f"{total} signals and decisions refused so far (status counts each by reason); latest: {message}"
             self._log_refusal(summary)
-            self._emit("decision_refused", summary, **data)
+            self._emit(event, summary, **data)
 
     def _log_refusal(self, line: str) -> None:
         if self._refusal_lines == 0:  # the first of this activation: count again from the next one on

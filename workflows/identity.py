@@ -31,6 +31,14 @@ def approval_id(workflow_id: str, step: int, call_id: str, tool: str, arguments:
     return "ap_" + _digest("approval", workflow_id, step, call_id, tool, arguments)[:16]
 
 
+SESSION_RUN = "session"  # in place of a first run id: a session's conversation outlives its runs
+
+
+def session_conversation_id(workflow_id: str) -> str:
+    """``<workflow id>/session``: every run of a session, woken again after it ended or not, shares it."""
+    return f"{workflow_id}/{SESSION_RUN}"
+
+
 def sandbox_id_for(conversation_id: str) -> str:
     return "sbx-" + _digest("sandbox", conversation_id)[:20]
 

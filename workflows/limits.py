@@ -28,3 +28,10 @@ def limit_reason(limits: Limits, carry: Carry, now: float) -> str:
     if now >= deadline(limits, carry):
         return f"timeout_s={limits.timeout_s} reached"
     return ""
+
+
+def budget_spent(limits: Limits, carry: Carry) -> bool:
+    """Whether ``max_tokens`` or ``max_cost_usd`` is reached: for a session, these cover all its messages."""
+    if carry.usage.total_tokens >= limits.max_tokens:
+        return True
+    return bool(limits.max_cost_usd and carry.usage.cost_usd >= limits.max_cost_usd)

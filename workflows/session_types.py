@@ -96,8 +96,32 @@ class SessionCarry(BaseModel):
     seen: dict[Annotated[str, Field(max_length=MAX_MESSAGE_ID_CHARS)], int] = Field(
         default_factory=dict, max_length=SEEN_IDS
     )
+    handed: int = Field(default=0, ge=0, le=10**9)  # the highest message ``seq`` handed to the model
     busy: bool = False  # a message's work is in progress (it goes on in the next run)
+    closing: bool = False  # ``close`` arrived: the session ends at its next step
+    close_reason: str = Field(default="", max_length=2000)
     idle_since: float = Field(default=0.0, ge=0, le=1e11)  # epoch seconds the session last became idle
     last_message_at: str = Field(default="", max_length=40)
     last_message: str = Field(default="", max_length=PREVIEW_MAX)
     last_reply: str = Field(default="", max_length=LAST_TEXT_MAX)
+
+
+class SessionOpenRequest(BaseModel):
+    """Activity ``session_open``: a session's conversation in the run store, made or found."""
+
+    conversation_id: str  # "<workflow id>/session"
+    tenant: str = ""  # the session's; a conversation found must be this tenant's
+    system_prompt: str = ""  # stored at position 0 when the conversation is new
+
+
+class SessionOpenResult(BaseModel):
+    """Where a session's conversation stands: new, or what the session's earlier runs left."""
+
+    fresh: bool  # the conversation was empty: the system prompt was stored at position 0
+    transcript_len: int = Field(default=1, ge=0)  # entries [0, transcript_len) are stored
+    steps: int = Field(default=0, ge=0)  # model turns answered so far (assistant entries)
+    messages: int = Field(default=0, ge=0)  # user messages so far
+    checkpoint: str = ""  # the last workspace checkpoint a tool recorded ("": an empty workspace)
+    last_reply: str = Field(default="", max_length=LAST_TEXT_MAX)
+    last_message: str = Field(default="", max_length=PREVIEW_MAX)
+    closed_calls: int = 0  # tool calls left without a result by an earlier run, answered now with an error

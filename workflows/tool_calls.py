@@ -183,7 +183,9 @@ class ToolCallRunner:
     ) -> str:
         now = workflow.now()
         expires_at = now + timedelta(seconds=decision.approval_timeout_s)
-        aid = approval_id(workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments)
+        aid = approval_id(
+            carry.key_scope or workflow.info().workflow_id, carry.step, call.id, call.name, call.arguments
+        )
         if kind != "tool_call":
             aid = f"{aid}-{kind.split('_')[0]}{sum(1 for a in self.book.decided if a.startswith(aid))}"
         self.book.open(
@@ -235,7 +237,7 @@ class ToolCallRunner:
         self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, index: int, seq: int
     ) -> None:
         workflow_id = workflow.info().workflow_id
-        key = idempotency_key(workflow_id, carry.step, index, call.name, call.arguments)
+        key = idempotency_key(carry.key_scope or workflow_id, carry.step, index, call.name, call.arguments)
         invocation = ToolInvocation(
             conversation_id=carry.conversation_id,
             workflow_id=workflow_id,

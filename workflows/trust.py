@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from temporalio import workflow
 
-from workflows.identity import sandbox_id_for
+from workflows.identity import SESSION_RUN, sandbox_id_for
 from workflows.inputs import quote
 from workflows.types import SUBAGENT_NAME_PATTERN, AgentInput
 
@@ -178,8 +178,12 @@ RUNTIME_ONLY: dict[str, Check] = {
 
 
 def is_conversation_of(workflow_id: str, conversation: str, *, run: str = "", branches: bool = False) -> bool:
-    """Whether ``conversation`` is one of ``workflow_id``'s (of its chain that started with ``run``, when given)."""
-    pattern = re.escape(workflow_id) + "/" + (re.escape(run) if run else RUN_SEGMENT) + (BRANCHES if branches else "")
+    """Whether ``conversation`` is one of ``workflow_id``'s (of its chain that started with ``run``, when given).
+
+    A session's conversation (``<workflow id>/session``) is every one of its runs'.
+    """
+    segment = f"({re.escape(run)}|{SESSION_RUN})" if run else f"({RUN_SEGMENT}|{SESSION_RUN})"
+    pattern = re.escape(workflow_id) + "/" + segment + (BRANCHES if branches else "")
     return re.fullmatch(pattern, conversation) is not None
 
 

@@ -287,9 +287,13 @@ class AgentInput(KnownKeys):
     @classmethod
     def _task_or_session(cls, data: Any) -> Any:
         # A run without a task is refused as a missing field, as before sessions existed.
-        if isinstance(data, dict) and "task" not in data and data.get("session") is None:
-            missing = InitErrorDetails(type="missing", loc=("task",), input=data)
-            raise ValidationError.from_exception_data(cls.__name__, [missing])
+        if isinstance(data, dict) and data.get("session") is None:
+            if "task" not in data:
+                missing = InitErrorDetails(type="missing", loc=("task",), input=data)
+                raise ValidationError.from_exception_data(cls.__name__, [missing])
+            if data["task"] == "":
+                short = InitErrorDetails(type="string_too_short", loc=("task",), input="", ctx={"min_length": 1})
+                raise ValidationError.from_exception_data(cls.__name__, [short])
         return data
 
     @field_validator("task")
@@ -504,6 +508,9 @@ class ModelRequest(BaseModel):
     budget: TreeBudget | None = None  # the turn is reserved under it before the provider is called
     mcp_snapshot: str = ""  # where the model activity finds the MCP tools' definitions (RunConfig.mcp_snapshot)
     subagents_ref: str = ""  # the run's sub-agent definitions (kept in the run store while the run is)
+    # A session that takes ``on_busy: interrupt``: the call heartbeats every second, so that a cancel for a
+    # new message reaches it at once.
+    interruptible: bool = False
 
 
 class ToolCall(BaseModel):

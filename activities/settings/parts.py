@@ -6,6 +6,7 @@ Data only: :mod:`activities.settings.reader` fills them from the environment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,9 @@ class WorkerSettings:
             "max_cached_workflows": self.max_cached_workflows,
             "max_concurrent_activities": self.max_concurrent_activities,
             "max_concurrent_workflow_tasks": self.max_concurrent_workflow_tasks,
+            # A session's ``interrupt`` cancels the model call in flight; the call learns of it from a
+            # heartbeat's answer, which the SDK would otherwise hold back for up to 80 % of its timeout (16 s).
+            "max_heartbeat_throttle_interval": timedelta(seconds=1),
         }
 
 

@@ -1,0 +1,29 @@
+"""A slow side-effecting test tool for sessions (``AGENT_TOOL_MODULES=tests.fakes.session_tools``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel, Field
+
+from activities.tools import ToolContext, tool
+
+CALLS: list[str] = []  # idempotency keys of the calls this process ran, in order
+
+
+class Sleep(BaseModel):
+    seconds: float = Field(ge=0, le=60)
+
+
+@tool(
+    "slow_side_effect",
+    description="A test side effect that takes a while.",
+    args=Sleep,
+    side_effect=True,
+    recovery="idempotent_by_key",
+    heartbeat_s=1,
+)
+async def slow_side_effect(args: Sleep, ctx: ToolContext) -> str:
+    CALLS.append(ctx.invocation.idempotency_key)
+    await asyncio.sleep(args.seconds)
+    return f"slept {args.seconds} s"
