@@ -9,7 +9,8 @@ import uuid
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -20,7 +21,7 @@ from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
-from workflows.types import AgentInput, AgentResult, StatusView
+from workflows.types import AgentInput, AgentResult, ForkSpec, StatusView
 
 
 def chat_requests(llm: FakeLLMServer) -> list[dict[str, Any]]:
@@ -262,3 +263,67 @@ async def test_close_ends_the_session_with_its_last_reply(
         await handle.signal("close", {"reason": "done here"})
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.status == "completed" and result.output == "the only reply"
+
+
+async def test_send_wakes_an_ended_session_on_its_conversation(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(Scripted(text="first reply"), Scripted(text="second reply"), Scripted(text="fork reply"))
+    session_id = f"wake-{uuid.uuid4().hex[:8]}"
+    async with run_worker(dev_env.client, runtime) as tq:
+        start = WithStartWorkflowOperation(
+            AgentWorkflow.run,
+            AgentInput(session=SessionSpec()),
+            id=session_id,
+            task_queue=tq,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        )
+        first: SendResult = await dev_env.client.execute_update_with_start_workflow(
+            "send", SessionMessage(message_id="a", text="hello"), start_workflow_operation=start, result_type=SendResult
+        )
+        assert first.accepted and first.seq == 1  # no session yet: the call started it
+        handle = dev_env.client.get_workflow_handle(session_id, result_type=AgentResult)
+        await replied(handle, 1)
+        await handle.signal("close")
+        ended = await handle.result()
+        assert ended.status == "completed" and ended.output == "first reply"
+
+        again = WithStartWorkflowOperation(
+            AgentWorkflow.run,
+            AgentInput(session=SessionSpec()),
+            id=session_id,
+            task_queue=tq,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        )
+        second: SendResult = await dev_env.client.execute_update_with_start_workflow(
+            "send", SessionMessage(message_id="b", text="again"), start_workflow_operation=again, result_type=SendResult
+        )
+        assert second.seq == 2  # numbered after the conversation's earlier message
+        woken = dev_env.client.get_workflow_handle(session_id)
+        view = await replied(woken, 2)
+        assert view.output == "second reply" and view.step == 2
+
+        # A fork of a session (at its first step) is a session of its own, with the source's first exchange.
+        fork_id = f"{session_id}-fork"
+        fork = await dev_env.client.start_workflow(
+            AgentWorkflow.run,
+            AgentInput(session=SessionSpec(), fork=ForkSpec(workflow_id=session_id, step=1)),
+            id=fork_id,
+            task_queue=tq,
+        )
+        forked = await eventually(lambda: _idle(fork), "the fork idle")
+        assert forked.session and forked.messages == 1 and forked.step == 1
+        third = await send(fork, "in the fork")
+        assert third.seq == 2
+        assert (await replied(fork, 2)).output == "fork reply"
+    chat = chat_requests(llm)
+    woken_prompt = chat[1]["body"]["messages"]
+    assert [(m["role"], m.get("content")) for m in woken_prompt[1:]] == [
+        ("user", "hello"),
+        ("assistant", "first reply"),
+        ("user", "again"),
+    ]
+    fork_prompt = chat[2]["body"]["messages"]
+    assert [m.get("content") for m in fork_prompt[1:]] == ["hello", "first reply", "in the fork"]

@@ -12,6 +12,7 @@ from workflows.identity import canonical_json
 from workflows.types import Message, StatusView, ToolCall
 
 DETAILS_WIDTH = 100  # the Temporal UI scrolls a code block's long lines out of view: wrapped at this width
+EXCHANGE_PREVIEW = 600  # characters of a session's last message and reply in its current details
 
 
 def cause_text(err: BaseException) -> str:
@@ -52,6 +53,15 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
         "",
         f"**usage** {usage.input_tokens} in / {usage.output_tokens} out tokens · ${usage.cost_usd:.4f}",
     ]
+    if view.session:  # the last exchange, as indented blocks (nothing in a message can close them)
+        lines += [
+            "",
+            f"**session** {view.messages} message(s) · {view.replied} answered · {view.queued} queued · "
+            f"last message {view.last_message_at or 'none yet'}",
+        ]
+        for label, text in (("last message", view.last_message), ("last reply", view.output)):
+            if text:
+                lines += ["", f"**{label}**", "", *(f"    {line}" for line in _wrapped(text, EXCHANGE_PREVIEW))]
     for approval in view.pending_approvals:
         verbs = "approve|reject" if approval.kind == "tool_call" else "resolve --as retry|mark_done|fail"
         owner = approval.workflow_id or workflow_id
@@ -71,3 +81,12 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
     for refusal in recent_refusals:
         lines += ["", f"**refused** {refusal}"]
     return "\n".join(lines)
+
+
+def _wrapped(text: str, limit: int) -> list[str]:
+    """``text`` cut to ``limit`` characters, as lines of at most ``DETAILS_WIDTH``."""
+    cut = text if len(text) <= limit else text[: limit - 1] + "…"
+    lines: list[str] = []
+    for line in cut.splitlines() or [""]:
+        lines += [line[i : i + DETAILS_WIDTH] for i in range(0, max(len(line), 1), DETAILS_WIDTH)]
+    return lines[:20]

@@ -65,7 +65,8 @@ MODEL_ACTIVITY = "model"
 MAX_STEP = 1_000_000  # ForkSpec.step's bound
 FORK_SUMMARY_TASK_CHARS = 100
 # What a fork keeps of its source's input (a fork is a run started from outside: no depth, budget, parent).
-KEPT_FIELDS = ("tools", "limits", "policy", "approvers", "tenant", "system_prompt", "subagents")
+# A session's fork is a session.
+KEPT_FIELDS = ("tools", "limits", "policy", "approvers", "tenant", "system_prompt", "subagents", "session")
 
 
 def step_number(text: str) -> int:
@@ -155,6 +156,10 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
     print(f"  ui: {link}", flush=True)  # before a long wait: through a pipe too
     note = DemoModelNote()
     note.model(inp.model)
+    if inp.session is not None:
+        talk, end = cli_command(f"send {workflow_id} TEXT"), cli_command(f"close {workflow_id}")
+        print(f"  a session: {talk} talks to it, {end} ends it")
+        return 0
     if not (args.wait or args.follow):
         return 0
     reviewer = None
@@ -173,7 +178,9 @@ async def cmd_fork(client: Client, args: argparse.Namespace, settings: Settings)
 
 def fork_input(source: AgentInput, args: argparse.Namespace) -> AgentInput:
     """The fork's input: the source's tools, limits, policy ... with ``fork`` set; a bad value is a usage error."""
-    task = source.task if args.task is None else checked_task(args.task)
+    # A session's fork does not take the source's first message again; a task given is its next message.
+    default_task = "" if source.session is not None else source.task
+    task = default_task if args.task is None else checked_task(args.task)
     try:
         return AgentInput(
             task=task,
