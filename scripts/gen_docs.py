@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 import activities.settings as settings_module
 from activities.settings import Settings
 from activities.settings_reference import SECTIONS, VARIABLES, Variable
+from workflows import session_types as sessions
 from workflows import types as contract
 from workflows.trust import RUNTIME_ONLY
 
@@ -240,6 +241,10 @@ CONTRACT_MODELS: tuple[tuple[type[BaseModel], str], ...] = (
     (contract.Message, "One transcript entry (what a model provider is given)."),
     (contract.RecordedToolCall, "A tool call exactly as the model emitted it (`Message.tool_calls`)."),
     (contract.ToolInvocation, "What a tool's activity receives (`ToolContext.invocation`)."),
+    (sessions.SessionSpec, "`AgentInput.session`: the run is a session (docs: Sessions)."),
+    (sessions.SessionMessage, "The `message` signal and the `send` update's input."),
+    (sessions.SendResult, "The `send` update's answer."),
+    (sessions.CloseSignal, "The `close` signal (its payload is optional)."),
 )
 
 
@@ -254,7 +259,7 @@ def _comments(source: str) -> dict[int, str]:
 
 def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     """Field -> its comment in the source: the comment lines right above it plus the one at its end."""
-    source = Path(contract.__file__ or "").read_text(encoding="utf-8")
+    source = Path(sys.modules[model.__module__].__file__ or "").read_text(encoding="utf-8")
     lines = source.splitlines()
     comments = _comments(source)
     found: dict[str, str] = {}
@@ -346,7 +351,7 @@ def _model_section(model: type[BaseModel], what: str) -> Iterator[str]:
         description = (info.description or comments.get(name, "")).replace("``", "`")
         if not description:
             raise SystemExit(
-                f"workflows/types.py: {model.__name__}.{name} has no description (a comment on its line or "
+                f"{model.__module__}: {model.__name__}.{name} has no description (a comment on its line or "
                 "Field(description=...)); the contract reference needs one"
             )
         description = description[0].upper() + description[1:].rstrip(".") + "."
@@ -367,10 +372,10 @@ def contract_page() -> str:
         "",
         "The pydantic models of the public contract, importable from `durable_agents` (`AgentInput`,",
         "`AgentResult`, `Limits`, `StatusView`, `Message`, ...) or from `workflows.types`. The workflow type is",
-        "`AgentWorkflow` and the default task queue `agents`; signals are `approve`, `reject` and `resolve`,",
-        "the update is `decide`, and the query is `status`. Unknown keys in `AgentInput`, `Limits`, `ForkSpec`",
-        "and `SubagentDef` are refused by name, with the nearest valid one. New fields always get defaults, so",
-        "recorded histories keep decoding.",
+        "`AgentWorkflow` and the default task queue `agents`; signals are `approve`, `reject`, `resolve`, and for",
+        "sessions `message` and `close`; updates `decide` and `send`; the query is `status`. Unknown keys in",
+        "`AgentInput`, `Limits`, `ForkSpec` and `SubagentDef` are refused by name, with the nearest valid one.",
+        "New fields always get defaults, so recorded histories keep decoding.",
         "",
         "## Names and semantics",
         "",
@@ -382,6 +387,9 @@ def contract_page() -> str:
         "| `reject` | signal | [RejectSignal](#rejectsignal) | as `approve` |",
         "| `resolve` | signal | [ResolveSignal](#resolvesignal) | as `approve` |",
         "| `decide` | update | [DecideRequest](#deciderequest) | [DecideResult](#decideresult) |",
+        "| `message` | signal | [SessionMessage](#sessionmessage) | as `approve` (sessions) |",
+        "| `send` | update | [SessionMessage](#sessionmessage) | [SendResult](#sendresult) (sessions) |",
+        "| `close` | signal | [CloseSignal](#closesignal) or none | as `approve` (sessions) |",
         "| `status` | query | none | [StatusView](#statusview) |",
         "",
         "`decide` has the signals' semantics, but its caller gets an answer: `accepted: false` for an approval that",
@@ -393,6 +401,11 @@ def contract_page() -> str:
         "With `AGENT_FAIL_WORKFLOW_ON_ERROR=1` a run that ends `failed` or `limit_exceeded` fails its workflow",
         "(`AgentRunFailed`) with the `AgentResult` as the failure's details; `durable_agents.result_of_failure(err)`",
         "reads it back from a `ChildWorkflowError` or `WorkflowFailureError`.",
+        "",
+        "`send` refuses what it cannot take in its validator (so a refusal never reaches history): a",
+        "non-retryable `MessageRefused` error whose message starts with the reason (`malformed`, `not_a_session`,",
+        "`closed`, `busy`, `queue_full`) and whose first detail is the `SendResult`. A `message_id` sent again is",
+        "answered `accepted: true, duplicate: true` with the first one's `seq`, and queues nothing.",
         "",
     ]
     for model, what in CONTRACT_MODELS:

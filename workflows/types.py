@@ -426,14 +426,13 @@ class StatusView(BaseModel):
     # The sub-agent runs it started that still run (from its own state): ask each for its own
     # approvals. ``pending_approvals`` entries naming another run are only what those reported.
     subagents: list[str] = Field(default_factory=list)
-    # Sessions (``session`` true): messages taken, the highest one answered, when the last arrived, how
-    # many wait to be taken, and the last message (a preview). ``output`` is then the last reply.
-    session: bool = False
-    messages: int = 0
-    replied: int = 0
-    last_message_at: str = ""
-    queued: int = 0
-    last_message: str = ""
+    # Sessions (``session`` true); their ``output`` is the last reply.
+    session: bool = False  # the run is a session (its input has ``session``)
+    messages: int = 0  # messages taken so far (the newest one's number)
+    replied: int = 0  # the highest message number whose work has finished
+    last_message_at: str = ""  # when the newest message was taken, ISO 8601
+    queued: int = 0  # messages taken and not yet handed to the model
+    last_message: str = ""  # the newest message, a preview of at most 500 characters
 
 
 # --- transcript -----------------------------------------------------------------
