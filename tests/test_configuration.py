@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,8 @@ def test_worker_tuning_defaults_come_from_the_benchmarks_and_variables_override_
         "max_cached_workflows": 0,
         "max_concurrent_activities": 12,
         "max_concurrent_workflow_tasks": 4,
+        # A session's interruptible model call learns of its cancellation at its next heartbeat, sent within 1 s.
+        "max_heartbeat_throttle_interval": timedelta(seconds=1),
     }
     assert tuned.health_port == 8081 and tuned.require_shared_store
 

@@ -286,8 +286,10 @@ class AgentInput(KnownKeys):
     @model_validator(mode="before")
     @classmethod
     def _task_or_session(cls, data: Any) -> Any:
-        # A run without a task is refused as a missing field, as before sessions existed.
-        if isinstance(data, dict) and data.get("session") is None:
+        # A run without a task is refused as a missing field, as before sessions existed; an unknown key
+        # (``tsk``) is reported first, by name, by ``KnownKeys``.
+        known = {name for name in cls.model_fields} | {f.alias for f in cls.model_fields.values() if f.alias}
+        if isinstance(data, dict) and data.get("session") is None and not set(data) - known:
             if "task" not in data:
                 missing = InitErrorDetails(type="missing", loc=("task",), input=data)
                 raise ValidationError.from_exception_data(cls.__name__, [missing])
