@@ -22,13 +22,13 @@ from temporalio.testing import WorkflowEnvironment
 from activities.crypto.codec import payload_key_id
 from activities.runtime import Runtime
 from activities.settings import Settings
-from tests.conftest import WorkerFactory, require_bwrap, with_settings
+from tests.conftest import WorkerFactory, require_bwrap
 from tests.crypto_keys import TEST_ONLY_K1
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.mcp_servers import read_ledger
 from tests.test_encryption_e2e import client_with, files_bytes, payloads_of, runtime_with
 from tests.test_mcp import ALLOW_SHOP, mcp_runtime, orders_stdio
-from tests.mcp_servers import read_ledger
 from tests.waiting import eventually
 from worker import build_worker
 from workflows.agent import AgentWorkflow
