@@ -263,7 +263,7 @@ async def test_a_file_of_message_1_is_there_at_message_2_across_continue_as_new_
 
         async def sandbox_stopped() -> bool:
             return (
-                not await runtime.sandbox_backend.list_sandboxes()
+                not await runtime.sandbox_backend().list_sandboxes()
                 and "sandbox stopped" in (await status(handle)).last_event
             )
 
