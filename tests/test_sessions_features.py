@@ -255,9 +255,9 @@ async def test_a_file_of_message_1_is_there_at_message_2_across_continue_as_new_
         # This server suggests continue-as-new after a few dozen events: the session continues as new
         # between the messages; its idle sandbox is stopped, so message 2 needs the checkpoint.
         handle = await start_session(can_env.client, tq, session=SessionSpec(sandbox_idle_s=1))
-        first_run = (await handle.describe()).run_id
         await send(handle, "write it down")
         view = await replied(handle, 1)
+        first_run = (await handle.describe()).run_id  # the run that answered message 1
         checkpoint = view.checkpoint
         assert checkpoint
 
@@ -267,14 +267,15 @@ async def test_a_file_of_message_1_is_there_at_message_2_across_continue_as_new_
                 and "sandbox stopped" in (await status(handle)).last_event
             )
 
+        # No sandbox is left, so what message 2 reads can only come from message 1's checkpoint.
         await eventually(sandbox_stopped, "the idle session's sandbox stopped")
         await send(handle, "what did I write?")
         view = await replied(handle, 2)
         current = await handle.describe()
-    assert current.run_id != first_run  # it did continue as new
+    assert current.run_id != first_run  # it continued as new between the messages
     bodies = chat(llm)
-    [read] = tool_results(bodies[3])
-    assert "remember 42" in read, read
+    wrote, read = tool_results(bodies[3])  # the whole conversation: message 1's call, then message 2's
+    assert "notes.txt" in wrote and "remember 42" in read, read
     assert view.output == "read it" and view.messages == 2
     assert view.conversation_id == f"{handle.id}/session"
     history = await can_env.client.get_workflow_handle(handle.id, run_id=first_run).fetch_history()
