@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.crypto.codec import payload_key_id
@@ -296,6 +297,11 @@ async def test_an_encrypted_session_keeps_its_messages_and_replies_out_of_plaint
     try:
         async with build_worker(client, runtime, task_queue=task_queue):
             handle = await start_session(client, task_queue)
+            with pytest.raises(WorkflowUpdateFailedError) as refused:  # a refusal's answer comes through the codec
+                await handle.execute_update("send", {"message_id": "x", "text": " "}, result_type=SendResult)
+            cause = refused.value.cause
+            assert isinstance(cause, ApplicationError) and cause.type == "MessageRefused"
+            assert SendResult.model_validate(cause.details[0]).reason == "malformed"
             await send(handle, f"message one {marker}")
             view = await replied(handle, 1)
             assert view.output == f"first reply {marker}" and view.last_message == f"message one {marker}"
