@@ -8,6 +8,7 @@ every delivery.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -33,10 +34,12 @@ from tests.test_mcp import ALLOW_SHOP, mcp_runtime, orders_stdio
 from tests.waiting import eventually
 from worker import build_worker
 from workflows.agent import AgentWorkflow
+from workflows.identity import idempotency_key
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
 from workflows.types import AgentInput, AgentResult, ApproveSignal, Limits, StatusView, SubagentDef
 
 Reply = Any  # a FakeLLMServer default: body -> Scripted
+RESULT_DEADLINE_S = 90
 
 
 @pytest.fixture
@@ -109,6 +112,7 @@ async def test_an_approval_in_message_2_waits_and_a_message_sent_meanwhile_is_an
     )
     async with run_worker(dev_env.client, runtime) as tq:
         handle = await start_session(dev_env.client, tq)
+        first_run = (await handle.describe()).run_id
         await send(handle, "hi")
         await replied(handle, 1)
         await send(handle, "order number 7")
@@ -132,8 +136,10 @@ async def test_an_approval_in_message_2_waits_and_a_message_sent_meanwhile_is_an
         ledger = await runtime.store.ledger(handle.id)
     assert len(sink.writes()) == 1  # the approved call ran once
     assert [(e.tool, e.state, e.executions) for e in ledger] == [("http_request", "done", 1)]
-    # The call's key derives from the session's key scope (<workflow id>/<first run id>), not its workflow id alone.
-    assert sink.writes()[0].headers["idempotency-key"] == ledger[0].key
+    # The call's key derives from the session's key scope, <workflow id>/<first run id>, so that the same call
+    # in a session woken again under this id (the same steps of a new run) is a new call.
+    expected = idempotency_key(f"{handle.id}/{first_run}", 2, 0, "http_request", approval.args)
+    assert sink.writes()[0].headers["idempotency-key"] == ledger[0].key == expected
     after = chat(llm)[2]["messages"]
     assert [m["role"] for m in after[-3:]] == ["assistant", "tool", "user"]  # the result, then the queued message
     assert '"ok": true' in after[-2]["content"] or '"ok":true' in after[-2]["content"]
@@ -357,7 +363,7 @@ async def test_max_tokens_covers_the_whole_session_and_its_sub_agents(
         view = await replied(handle, 1)
         assert view.usage.total_tokens == 15 + 60 + 15 and view.output == "done with that"  # under 100
         await send(handle, "second")  # 15 more: together over 100
-        result = await handle.result()
+        result = await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)  # a hang guard: over budget, it ends
         spent = await runtime.store.budget_spent(f"{handle.id}/session")
     assert result.status == "limit_exceeded" and "max_tokens=100" in result.output, result
     assert result.usage.total_tokens == 105
