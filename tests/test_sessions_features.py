@@ -146,6 +146,30 @@ async def test_an_approval_in_message_2_waits_and_a_message_sent_meanwhile_is_an
     assert after[-1]["content"] == "and is it in stock?"
 
 
+@pytest.mark.parametrize("cache_mode", ["cached"], indirect=True)
+async def test_close_while_an_approval_waits_ends_the_session_at_once_and_runs_nothing(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, sink: HttpSink
+) -> None:
+    llm.enqueue(Scripted(text="hello"), Scripted(tool_calls=[post(sink, 8)]))
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_session(dev_env.client, tq)
+        await send(handle, "hi")
+        await replied(handle, 1)
+        await send(handle, "order number 8")
+        [approval] = (await waiting_approval(handle)).pending_approvals
+        await handle.signal("close", {"reason": "done for today"})
+        result = await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)  # a hang guard: the approval waits a day
+        late = await handle.query(AgentWorkflow.status)
+        stored = await runtime.store.transcript(f"{handle.id}/session")
+    assert result.status == "completed" and result.output == "hello"
+    assert sink.received == [] and not late.pending_approvals  # the call never ran, and nothing waits
+    assert len(chat(llm)) == 2  # no model turn after the close
+    # The transcript says what became of the call: it was not run, because the session closed.
+    [answer] = [e.message.content for e in stored if e.message.role == "tool"]
+    assert "not run" in answer and "session was closed" in answer, answer
+    assert approval.tool == "http_request"
+
+
 # --- sub-agents -------------------------------------------------------------------------
 
 RESEARCHER = SubagentDef(description="Finds facts.", system_prompt="You are the researcher.", tools=["http_request"])
