@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.crypto.codec import payload_key_id
 from activities.runtime import Runtime
 from activities.settings import Settings
-from tests.conftest import WorkerFactory, require_bwrap
+from tests.conftest import WorkerFactory, require_bwrap, with_settings
 from tests.crypto_keys import TEST_ONLY_K1
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -216,10 +216,12 @@ async def test_sub_agents_in_two_messages_reach_the_model_and_their_approvals_th
             AgentWorkflow.approve, ApproveSignal(approval_id=approval.approval_id, reviewer="alice")
         )
         view = await replied(handle, 2)
-        children = [
-            await dev_env.client.get_workflow_handle(f"{handle.id}/researcher/s{s}c0", result_type=AgentResult).result()
+        child_handles = [
+            dev_env.client.get_workflow_handle(f"{handle.id}/researcher/s{s}c0", result_type=AgentResult)
             for s in (1, 3)
         ]
+        children = [await child.result() for child in child_handles]
+        conversations = [(await status(child)).conversation_id for child in child_handles]
         ledger = await runtime.store.ledger(child_id)
     assert view.output.startswith("reply: researcher found: look into an order")
     assert [c.status for c in children] == ["completed", "completed"]
@@ -227,6 +229,9 @@ async def test_sub_agents_in_two_messages_reach_the_model_and_their_approvals_th
     # The children's usage is the session's (each message's parent turns plus its child's turns).
     assert view.children_usage.total_tokens == 15 * 3 and view.usage.total_tokens == 15 * 7
     assert view.conversation_id == f"{handle.id}/session"
+    # Each child is a run of its own (its own conversation, not the session's), named after the session's step.
+    assert [c.rsplit("/", 1)[0] for c in conversations] == [c.id for c in child_handles]
+    assert len(set(conversations)) == 2
     # Each child's result reached the session's model in its own message.
     parent_turns = [b for b in chat(llm) if b["messages"][0]["content"] != "You are the researcher."]
     results = [tool_results(b)[-1] for b in parent_turns if b["messages"][-1]["role"] == "tool"]
@@ -415,3 +420,24 @@ async def test_max_steps_is_each_messages_own(
         description = await handle.describe()
     assert description.status is not None and description.status.name == "RUNNING"
     assert len(chat(llm)) == 7
+
+
+@pytest.mark.parametrize("cache_mode", ["cached"], indirect=True)
+async def test_max_cost_usd_covers_the_whole_session(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai:test-model": {"input": 10_000, "output": 10_000}}))  # $0.15 a turn
+    rt = with_settings(runtime, prices_file=str(prices))
+    llm.enqueue(Scripted(text="one"), Scripted(tool_calls=[("always_fails", "{}")]), Scripted(text="never"))
+    async with run_worker(dev_env.client, rt) as tq:
+        handle = await start_session(dev_env.client, tq, limits=Limits(max_cost_usd=0.25))
+        await send(handle, "first")
+        view = await replied(handle, 1)
+        assert view.output == "one" and view.usage.cost_usd == pytest.approx(0.15)  # under 0.25
+        await send(handle, "second")  # $0.15 more: together over $0.25
+        result = await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)
+    await rt.aclose()
+    assert result.status == "limit_exceeded" and "max_cost_usd=0.25" in result.output, result
+    assert result.usage.cost_usd == pytest.approx(0.30)
+    assert len(chat(llm)) == 2
