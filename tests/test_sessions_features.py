@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -393,7 +394,8 @@ async def test_max_tokens_covers_the_whole_session_and_its_sub_agents(
         assert view.usage.total_tokens == 15 + 60 + 15 and view.output == "done with that"  # under 100
         await send(handle, "second")  # 15 more: together over 100
         result = await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)  # a hang guard: over budget, it ends
-        spent = await runtime.store.budget_spent(f"{handle.id}/session")
+        root = f"{handle.id}/{(await handle.describe()).run_id}"  # the session's first run: its key scope
+        spent = await runtime.store.budget_spent(root)
     assert result.status == "limit_exceeded" and "max_tokens=100" in result.output, result
     assert result.usage.total_tokens == 105
     assert spent.tokens == 105 and spent.in_flight == 0  # the tree's ledger: the session's and its helper's turns
@@ -441,3 +443,45 @@ async def test_max_cost_usd_covers_the_whole_session(
     assert result.status == "limit_exceeded" and "max_cost_usd=0.25" in result.output, result
     assert result.usage.cost_usd == pytest.approx(0.30)
     assert len(chat(llm)) == 2
+
+
+async def test_a_woken_session_counts_its_budget_from_its_wake_as_its_usage_does(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.default = budget_model
+    session_id = f"sf-wake-{uuid.uuid4().hex[:8]}"
+    session = AgentInput(session=SessionSpec(), subagents={"helper": HELPER}, limits=Limits(max_tokens=100))
+
+    async def wake(message_id: str, text: str) -> SendResult:
+        start = WithStartWorkflowOperation(
+            AgentWorkflow.run,
+            session,
+            id=session_id,
+            task_queue=tq,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        )
+        sent: SendResult = await dev_env.client.execute_update_with_start_workflow(
+            "send",
+            SessionMessage(message_id=message_id, text=text),
+            start_workflow_operation=start,
+            result_type=SendResult,
+        )
+        return sent
+
+    async with run_worker(dev_env.client, runtime) as tq:
+        await wake("a", "first")
+        handle = dev_env.client.get_workflow_handle(session_id, result_type=AgentResult)
+        first_run = (await handle.describe()).run_id
+        assert (await replied(handle, 1)).usage.total_tokens == 90  # with its helper's 60
+        await handle.signal("close")
+        assert (await asyncio.wait_for(handle.result(), RESULT_DEADLINE_S)).usage.total_tokens == 90
+
+        assert (await wake("b", "second")).seq == 2  # a new run of the session, on its conversation
+        woken = dev_env.client.get_workflow_handle(session_id)
+        view = await replied(woken, 2)
+        second_run = (await woken.describe()).run_id
+        spent = [await runtime.store.budget_spent(f"{session_id}/{run}") for run in (first_run, second_run)]
+    # The woken run's max_tokens counts what it spends, as its status does: its tree ledger is its own.
+    assert view.output == "done with that" and view.usage.total_tokens == 30
+    assert [s.tokens for s in spent] == [90, 30]
