@@ -346,7 +346,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             budget=inp.budget
             or (
                 TreeBudget(
-                    root=conversation_id,
+                    # A session's tree is its run's (key scope), not its conversation's: a woken session spends
+                    # a budget of its own, as its usage counts from its wake.
+                    root=f"{info.workflow_id}/{info.first_execution_run_id}",
                     max_tokens=inp.limits.max_tokens,
                     max_cost_usd=inp.limits.max_cost_usd,
                 )

@@ -281,8 +281,9 @@ def child_limits(own: Limits, parent: Limits, carry: Carry, now: float) -> Limit
 
 
 def parent_steps_left(parent: Limits, carry: Carry) -> int:
-    """The model turns the parent has after the current one (a fork counts its own steps)."""
-    return parent.max_steps - (carry.step - carry.forked_at_step)
+    """The model turns the parent has after the current one (a fork counts its own steps, a session's
+    message its own, as ``limit_reason`` does)."""
+    return parent.max_steps - (carry.step - max(carry.forked_at_step, carry.message_step))
 
 
 def child_policy(parent: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

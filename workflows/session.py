@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.approval_handlers import HOUSEKEEPING_RETRY
+    from workflows.approvals import ApprovalBook, Verdict
     from workflows.ending import Ending
     from workflows.inputs import NO_PAYLOAD, decode, one_payload, quote, safe
     from workflows.progress import EventKind
@@ -63,6 +64,7 @@ MESSAGE_REFUSED = "MessageRefused"  # the type of a refused ``send``'s failure; 
 # chain stays well under Temporal's limits and the chain's total grows with the number of messages.
 HISTORY_EVENTS_BEFORE_NEW_RUN = 2_000
 HISTORY_BYTES_BEFORE_NEW_RUN = 512 * 1024
+CLOSED_BY = "close"  # the "reviewer" of the approvals a close decided (see ``_close_approvals``)
 MIN_WAIT_S = 1.0  # the shortest idle timer (timers of a few ms would only wake the session for nothing)
 
 
@@ -149,6 +151,7 @@ class SessionHandlers:
     """``message``, ``send`` and ``close`` of ``AgentWorkflow``, over the state its ``__init__`` sets."""
 
     _sessions: SessionBook
+    _book: ApprovalBook
     _state: RunState
     _model_call: asyncio.Task[Any] | None  # the model turn in flight (an activity handle)
     _interrupting: bool  # this run cancelled that turn for a new message (``on_busy: interrupt``)
@@ -205,6 +208,22 @@ class SessionHandlers:
             "idle", "close requested: the session ends" + (f" ({safe(request.reason, 200)})" if request.reason else "")
         )
         self._interrupt()
+        self._close_approvals()
+
+    def _close_approvals(self) -> None:
+        """Decide what waits for a reviewer, so that ``close`` ends the session at once, not at their expiry.
+
+        A call waiting for approval is not run (rejected, which the model's transcript says); an unknown
+        outcome is left unknown (expired), never retried nor marked done on nobody's word.
+        """
+        book = self._book
+        for aid, approval in list(book.pending.items()):
+            if approval.kind == "tool_call":
+                book.record(aid, Verdict("rejected", CLOSED_BY, "the session was closed before a decision"))
+            else:
+                book.expire(aid)
+            outcome = book.decided[aid].outcome
+            self._emit("approval_decided", f"{aid} {outcome}: the session closed", approval_id=aid, outcome=outcome)
 
     async def _take_message(self, message: SessionMessage, *, source: str) -> SendResult:
         book = self._sessions
