@@ -43,7 +43,8 @@ from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pe
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
-from workflows.types import AgentInput, ApproveSignal, SubagentDef
+from workflows.session_types import CloseSignal, SendResult, SessionMessage, SessionSpec
+from workflows.types import AgentInput, ApproveSignal, StatusView, SubagentDef
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "histories"
 TEMPORAL = Path(sys.executable).parent / "temporal"
@@ -122,6 +123,73 @@ async def subagents(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink,
     return handle
 
 
+# Scenarios recorded on a server that suggests continue-as-new after this many events.
+CAN_AFTER_EVENTS = 90  # message 3 is answered by event 75 or so
+SUGGEST_CONTINUE_AS_NEW = {"session": CAN_AFTER_EVENTS, "session_continued": CAN_AFTER_EVENTS}
+
+
+async def _session(client: Client, tq: str, llm: FakeLLMServer, wid: str) -> tuple[str, str]:
+    """A session (on a server that suggests continue-as-new early): message 1 writes a file; message 2's
+    slow first turn gets message 3 queued (handed to its next turn); message 1's id sent again (until the
+    history is long) is no new message; message 4 finds the history long, so the session continues as new
+    between messages and the next run answers it; then ``close``. Returns the first and the last run's ids."""
+    llm.enqueue(
+        Scripted(tool_calls=[("write_file", json.dumps({"path": "n.txt", "content": "42"}))]),
+        Scripted(text="noted"),
+        Scripted(tool_calls=[("read_file", json.dumps({"path": "n.txt"}))], delay_s=1.5),
+        Scripted(text="read it, and saw your second message"),
+        Scripted(text="still here"),
+    )
+    handle = await client.start_workflow(AgentWorkflow.run, AgentInput(session=SessionSpec()), id=wid, task_queue=tq)
+    current = client.get_workflow_handle(wid)
+
+    async def send(message_id: str, text: str) -> None:
+        await current.execute_update("send", SessionMessage(message_id=message_id, text=text), result_type=SendResult)
+
+    async def replied(seq: int) -> None:
+        for _ in range(600):
+            view: StatusView = await current.query(AgentWorkflow.status)
+            if view.replied >= seq and view.state == "idle":
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no reply to message {seq}")
+
+    await send("m1", "remember 42 in a file")
+    await replied(1)
+    await send("m2", "read it back")
+    for _ in range(600):
+        if len(llm.requests) >= 3:  # message 2's slow turn is in flight
+            break
+        await asyncio.sleep(0.05)
+    await send("m3", "and tell me you saw this")
+    await replied(3)
+    # Repeats of message 1 (no new message) until the server suggests continue-as-new: message 4 then
+    # starts the next run, between messages (never mid-exchange: the suggestion comes after message 3).
+    for _ in range(40):
+        await current.signal("message", SessionMessage(message_id="m1", text="remember 42 in a file"))
+        if (await current.describe()).raw_description.workflow_execution_info.history_length >= CAN_AFTER_EVENTS:
+            break
+    await send("m4", "still there?")
+    await replied(4)
+    await current.signal("close", CloseSignal(reason="recorded"))
+    await current.result()
+    last_run = (await current.describe()).run_id
+    return handle.first_execution_run_id or "", last_run
+
+
+async def session(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """The first run of ``_session``'s chain: three exchanges (one with a queued message), a repeated
+    message id, then continue-as-new."""
+    first_run, _ = await _session(client, tq, llm, wid)
+    return client.get_workflow_handle_for(AgentWorkflow.run, wid, run_id=first_run)
+
+
+async def session_continued(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """The last run of ``_session``'s chain: started from the carry, it answers message 4 and closes."""
+    _, last_run = await _session(client, tq, llm, wid)
+    return client.get_workflow_handle_for(AgentWorkflow.run, wid, run_id=last_run)
+
+
 # Scenarios recorded here only (tests/scenarios.py holds the ones tests also run).
 RECORDED: dict[str, Scenario] = {
     **SCENARIOS,
@@ -131,6 +199,8 @@ RECORDED: dict[str, Scenario] = {
     # policy-re2-known-keys-v1; sub-agent definitions by digest): "subagents" keeps the run from before them.
     "subagents_bounded": subagents,
     "encrypted_approvals": approvals,  # with the test-only key ring
+    "session": session,
+    "session_continued": session_continued,
 }
 
 
@@ -138,8 +208,19 @@ async def record(names: list[str]) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL), data_converter=pydantic_data_converter
     )
+    suggesting: dict[int, WorkflowEnvironment] = {}
     try:
         for name in names:
+            events = SUGGEST_CONTINUE_AS_NEW.get(name)
+            if events and events not in suggesting:
+                suggesting[events] = await WorkflowEnvironment.start_local(
+                    dev_server_existing_path=str(TEMPORAL),
+                    data_converter=pydantic_data_converter,
+                    dev_server_extra_args=[
+                        "--dynamic-config-value",
+                        f"limit.historyCount.suggestContinueAsNew={events}",
+                    ],
+                )
             with tempfile.TemporaryDirectory() as tmp, FakeLLMServer() as llm, HttpSink() as sink:
                 settings = Settings(
                     model="openai:test-model",
@@ -150,7 +231,7 @@ async def record(names: list[str]) -> None:
                 )
                 if name in SETTINGS:
                     settings = replace(settings, **SETTINGS[name](Path(tmp)))
-                client = env.client
+                client = suggesting[events].client if events else env.client
                 if name.startswith("encrypted_"):
                     keyring = ring(TEST_ONLY_PAYLOAD_KEYS)
                     settings = replace(settings, encryption=EncryptionSettings(keyring=keyring))
@@ -165,6 +246,8 @@ async def record(names: list[str]) -> None:
                 print(f"recorded {name}: {len(history.events)} events")
                 await runtime.aclose()
     finally:
+        for other in suggesting.values():
+            await other.shutdown()
         await env.shutdown()
 
 

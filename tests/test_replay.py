@@ -48,6 +48,8 @@ def test_there_are_recorded_histories() -> None:
         "mcp_tools",
         "encrypted_approvals",
         "legacy_policy",
+        "session",
+        "session_continued",
     }
 
 

@@ -36,7 +36,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.limits import budget_spent, deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Policy, parse_run_policy
-    from workflows.progress import FORK_OF, SEARCH_ATTRIBUTES_PATCH, EventKind, Reporter
+    from workflows.progress import (
+        FORK_OF,
+        SEARCH_ATTRIBUTES_PATCH,
+        SESSION_STREAM_RETAIN,
+        STREAM_RETAIN,
+        EventKind,
+        Reporter,
+    )
     from workflows.run_failure import FAILING_STATUSES, run_failed_error
     from workflows.session import SessionBook, SessionHandlers
     from workflows.session_types import SessionCarry, SessionMessage, SessionOpenRequest, SessionOpenResult
@@ -457,7 +464,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
     async def _continue_as_new(self, inp: AgentInput, carry: Carry) -> None:
         carry.continued += 1
         self._emit("continued_as_new", f"continuing as new after step {carry.step}")
-        carry.stream = await self._reporter.hand_over()
+        carry.stream = await self._reporter.hand_over(SESSION_STREAM_RETAIN if inp.session else STREAM_RETAIN)
         carry.refused, carry.refused_counts = self._book.refused, dict(self._book.refused_counts)
         workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 

@@ -39,6 +39,9 @@ EventKind = Literal[
 ]
 TOPIC = "progress"
 STREAM_RETAIN = 500  # events kept (and carried across continue-as-new) for late subscribers
+# A session continues as new every few dozen messages; 500 carried events (~180 KB, in the continue-as-new
+# event and again in the next run's start) would be half of each of its runs' history.
+SESSION_STREAM_RETAIN = 100
 EVENT_TEXT_MAX = 500  # characters of an event's text; with STREAM_RETAIN this bounds the carried stream
 EVENT_VALUE_MAX = 200  # characters of a string in an event's data, items of a list in it
 # The stream's signal for publishers outside the workflow (temporalio.contrib.workflow_streams).
@@ -96,7 +99,7 @@ class Reporter:
         self._topic.publish(event)
         self._offset += 1
 
-    async def hand_over(self) -> WorkflowStreamState:
+    async def hand_over(self, retain: int = STREAM_RETAIN) -> WorkflowStreamState:
         """The stream's state for the next run, once every running handler has finished.
 
         Pollers are released first (a long poll would otherwise keep ``all_handlers_finished``
@@ -105,8 +108,8 @@ class Reporter:
         """
         self.stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._offset > STREAM_RETAIN:
-            self.stream.truncate(self._offset - STREAM_RETAIN)
+        if self._offset > retain:
+            self.stream.truncate(self._offset - retain)
         return self.stream.get_state()
 
     def sync_search_attributes(

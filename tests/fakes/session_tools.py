@@ -27,3 +27,16 @@ async def slow_side_effect(args: Sleep, ctx: ToolContext) -> str:
     CALLS.append(ctx.invocation.idempotency_key)
     await asyncio.sleep(args.seconds)
     return f"slept {args.seconds} s"
+
+
+BULKY_BYTES = 10 * 1024
+
+
+class Bulky(BaseModel):
+    label: str = Field(default="", max_length=100)
+
+
+@tool("bulky_read", description="A test read that answers with 10 KB of text.", args=Bulky)
+async def bulky_read(args: Bulky, ctx: ToolContext) -> str:
+    head = f"bulky output {args.label}: "
+    return head + "x" * (BULKY_BYTES - len(head))
