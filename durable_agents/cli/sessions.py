@@ -16,12 +16,14 @@ import argparse
 import asyncio
 import sys
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
     WithStartWorkflowOperation,
+    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
@@ -37,6 +39,7 @@ from durable_agents.cli.common import (
     EXIT_RUN,
     EXIT_USAGE,
     QUERY_TIMEOUT,
+    QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
     check_agent_run,
@@ -118,19 +121,65 @@ async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescri
     return desc
 
 
-async def is_session(client: Client, workflow_id: str, run_id: str | None) -> bool:
-    """Whether the execution's input has ``session`` (its started event; no worker needed)."""
+async def started_input(client: Client, workflow_id: str, run_id: str | None) -> AgentInput | None:
+    """The execution's input (its started event: no worker needed); None when it is not an ``AgentInput``."""
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     async for event in handle.fetch_history_events(page_size=1, rpc_timeout=RPC_TIMEOUT):
         payloads = event.workflow_execution_started_event_attributes.input.payloads
         if len(payloads) != 1:
-            return False
+            return None
         try:
             [inp] = await client.data_converter.decode([payloads[0]], [AgentInput])
-        except (ValueError, TypeError, KeyError, RuntimeError):
-            return False
-        return isinstance(inp, AgentInput) and inp.session is not None
-    return False
+        except (ValueError, TypeError, KeyError, RuntimeError):  # a malformed input (the run refused it)
+            return None
+        return inp if isinstance(inp, AgentInput) else None
+    return None
+
+
+async def is_session(client: Client, workflow_id: str, run_id: str | None) -> bool:
+    inp = await started_input(client, workflow_id, run_id)
+    return inp is not None and inp.session is not None
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """What ``list`` shows of a run as a session."""
+
+    session: bool = False
+    state: str = ""  # a running session's state from its status query ("idle"); "" when not asked or no answer
+    messages: int | None = None  # messages taken so far (a running session's answer, else what its input carried)
+
+
+async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
+    """Whether a listed run is a session; a running one's state and message count from its status query."""
+    try:
+        inp = await started_input(client, wf.id, wf.run_id)
+    except (RPCError, RPCTimeoutOrCancelledError) as err:
+        if isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE:
+            raise
+        return SessionRow()
+    if inp is None or inp.session is None:
+        return SessionRow()
+    carried = inp.carry.session.messages if inp.carry is not None and inp.carry.session is not None else None
+    if wf.status != WorkflowExecutionStatus.RUNNING:
+        return SessionRow(True, "", carried)
+    try:
+        view = StatusView.model_validate(
+            await client.get_workflow_handle(wf.id, run_id=wf.run_id).query(
+                AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT
+            )
+        )
+    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
+        return SessionRow(True, "", carried)
+    return SessionRow(True, view.state, view.messages)
+
+
+def session_marker(row: dict[str, Any]) -> str:
+    """``  [session, 3 messages]`` after a listed session's id; empty for a run."""
+    if not row.get("session"):
+        return ""
+    count = row.get("messages")
+    return "  [session]" if count is None else f"  [session, {count} message{'s' if count != 1 else ''}]"
 
 
 def _not_a_session(workflow_id: str, desc: WorkflowExecutionDescription) -> CliError:
