@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,7 @@ async def test_transcript_follows_a_continue_as_new_chain(
                 message = SessionMessage(message_id=f"id-{n}", text=f"m{n}", sender="bo")
                 taken = await handle.execute_update("send", message, result_type=SendResult)
                 assert taken.seq == n
-            await eventually(lambda n=n: _replied(client, session_id, n), f"the reply to message {n}")
+            await eventually(partial(_replied, client, session_id, n), f"the reply to message {n}")
         await handle.signal("message", SessionMessage(message_id="id-6", text="m6"))
         await eventually(lambda: _replied(client, session_id, 6), "the reply to message 6")
         runs = [wf async for wf in client.list_workflows(f"WorkflowId = '{session_id}'")]
@@ -249,6 +250,10 @@ async def test_transcript_follows_a_continue_as_new_chain(
         assert exchanges(entries) == expected
         assert [e["sender"] for e in entries if e["kind"] == "message"] == ["", "bo", "bo", "bo", "bo", ""]
         await handle.signal("close")
+
+
+def _shown(lines: list[str], text: str) -> bool | None:
+    return any(text in line for line in lines) or None
 
 
 async def _replied(client: Client, session_id: str, seq: int) -> StatusView | None:
@@ -306,15 +311,14 @@ async def test_watch_of_a_session_goes_on_across_replies_until_it_closes(
         )
         watcher = cli.popen("watch", handle.id)
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        stdout = watcher.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(stdout.readline, "")), daemon=True)
         reader.start()
         try:
             for n in (1, 2):
                 await handle.execute_update("send", SessionMessage(message_id=f"w{n}", text=f"hi {n}"))
-                await eventually(
-                    lambda n=n: any(f"replied: replied to message {n}" in line for line in lines) or None,
-                    f"watch shows the reply to message {n}",
-                )
+                await eventually(partial(_shown, lines, f"replied: replied to message {n}"), f"watch: reply {n}")
             assert watcher.poll() is None, "watch went on after the replies"
             await handle.signal("close")
             code = await asyncio.to_thread(watcher.wait, 60)

@@ -17,7 +17,7 @@ code says which kind it was:
     0    done
     1    a run-level failure: no such run, the run did not complete (failed,
          cancelled, limit_exceeded), it refused the request (a decision, a
-         duplicate id), or no worker answered (status / pending / watch); an
+         duplicate id, a message: refused: REASON), or no worker answered (status / pending / watch); an
          MCP server ``tools`` could not list; also an internal error (a bug),
          named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
