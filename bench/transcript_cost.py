@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     for point in report["points"]:
         print(
             f"{point['messages']:>4} messages: transcript {point['transcript_s_median']} s (median of {args.reads}), "
-            f"fetch alone {point['fetch_only_s_median']} s, {point['executions']} histories, {point['events']} events, {point['history_bytes']:,} B "
+            f"fetch alone {point['fetch_only_s_median']} s, {point['executions']} histories, "
+            f"{point['events']} events, {point['history_bytes']:,} B "
             f"({point['bytes_per_message']:,} B/message), entries {point['entries']}"
         )
     print(f"written to {args.out}")
