@@ -15,16 +15,21 @@ import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.crypto.codec import encrypted_converter, payload_key_id
 from activities.runtime import Runtime
+from activities.settings import EncryptionSettings, Settings
 from tests.conftest import WorkerFactory
+from tests.crypto_keys import TEST_ONLY_K1, ring
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
@@ -331,3 +336,34 @@ async def test_watch_of_a_session_goes_on_across_replies_until_it_closes(
         assert kinds.count("message_received") == 2 and kinds.count("replied") == 2, lines
         assert "idle" in kinds and kinds[-1] == "finished", lines
         assert any("message_received: message 2: hi 2" in line for line in lines), lines
+
+
+async def test_an_encrypted_session_reads_with_the_key_ring_and_says_so_without_it(
+    dev_env: WorkflowEnvironment, settings: Settings, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.default = model
+    converter = encrypted_converter(pydantic_data_converter, ring(TEST_ONLY_K1))
+    client = Client(dev_env.client.service_client, namespace=dev_env.client.namespace, data_converter=converter)
+    runtime = Runtime.from_settings(replace(settings, encryption=EncryptionSettings(keyring=ring(TEST_ONLY_K1))))
+    session_id = new_id()
+    try:
+        async with run_worker(client, runtime) as tq:
+            keyless = Cli(client, tq)
+            cli = Cli(client, tq)
+            cli.env["AGENT_PAYLOAD_KEYS"] = TEST_ONLY_K1
+            sent = await cli("send", session_id, "the secret word is plum", "--wait")
+            assert sent.returncode == 0, sent.stderr
+            assert "echo: the secret word is plum" in sent.stdout, sent.stdout
+            started = await anext(aiter(dev_env.client.get_workflow_handle(session_id).fetch_history_events()))
+            raw = started.workflow_execution_started_event_attributes.input.payloads[0]
+            assert payload_key_id(raw) == "test-k1", "the session's input is encrypted at rest"
+            assert exchanges(await transcript(cli, session_id)) == [
+                ("message", 1, "the secret word is plum"),
+                ("reply", 1, "echo: the secret word is plum"),
+            ]
+            refused = await keyless("transcript", session_id)
+            assert refused.returncode == 2 and "AGENT_PAYLOAD_KEYS" in one_line(refused), refused.stderr
+            assert "plum" not in refused.stdout + refused.stderr
+            await client.get_workflow_handle(session_id).signal("close")
+    finally:
+        await runtime.aclose()

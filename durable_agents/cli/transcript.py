@@ -60,6 +60,18 @@ SHORT_CHARS = 200  # of a tool result or a call's arguments
 TEXT_CHARS = 2000  # of a message or a reply in the text rendering (JSON keeps what history holds)
 MODEL_ACTIVITY = "model"
 T = TypeVar("T")
+# The event types a conversation is read from (looked up once: a protobuf enum attribute is slow).
+_STARTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
+_SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+_UPDATE_ACCEPTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+_UPDATE_COMPLETED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
+_SCHEDULED = EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+_COMPLETED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+_FAILED = EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+_TIMED_OUT = EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT
+_READ = frozenset(
+    {_STARTED, _SIGNALED, _UPDATE_ACCEPTED, _UPDATE_COMPLETED, _SCHEDULED, _COMPLETED, _FAILED, _TIMED_OUT}
+)
 
 
 @dataclass
@@ -134,29 +146,32 @@ class _Reader:
             await self.event(event)
 
     async def event(self, event: HistoryEvent) -> None:
-        kind, at = event.event_type, _iso(event.event_time)
-        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        kind = event.event_type
+        if kind not in _READ:
+            return
+        at = _iso(event.event_time)
+        if kind == _STARTED:
             await self._started(event, at)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+        elif kind == _SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
             if attrs.signal_name == "message" and len(attrs.input.payloads) == 1:
                 message = await self.decode(attrs.input.payloads[0], SessionMessage)
                 if message is not None and message.message_id not in self.seen:
                     self._message(message, self.last_seq + 1, at)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+        elif kind == _UPDATE_ACCEPTED:
             request = event.workflow_execution_update_accepted_event_attributes.accepted_request
             if request.input.name == "send" and len(request.input.args.payloads) == 1:
                 message = await self.decode(request.input.args.payloads[0], SessionMessage)
                 if message is not None:
                     entry = Entry("message", 0, at, text=message.text, sender=message.sender)
                     self.updates[request.meta.update_id] = (entry, message.message_id)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+        elif kind == _UPDATE_COMPLETED:
             await self._update_completed(event)
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        elif kind == _SCHEDULED:
             await self._scheduled(event)
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+        elif kind == _COMPLETED:
             await self._completed(event, at)
-        elif kind in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+        else:
             self._tool_failed(event)
 
     async def _started(self, event: HistoryEvent, at: str) -> None:
@@ -227,7 +242,7 @@ class _Reader:
                 entry.result, entry.ok, entry.at = short(outcome.preview), outcome.ok and not outcome.unknown, at
 
     def _tool_failed(self, event: HistoryEvent) -> None:
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+        if event.event_type == _FAILED:
             attrs = event.activity_task_failed_event_attributes
             scheduled, why = attrs.scheduled_event_id, attrs.failure.message
         else:
