@@ -50,6 +50,9 @@ def model(body: dict[str, Any]) -> Scripted:
     if last["role"] == "tool":
         return Scripted(text="saved")
     text = str(last.get("content") or "")
+    if text == "post it":  # a side effect: the run waits for an approval (a run that keeps running)
+        post = json.dumps({"method": "POST", "url": "http://127.0.0.1:65000/orders", "body": "{}"})
+        return Scripted(tool_calls=[("http_request", post)])
     if text.startswith("write "):
         name = text.split()[1]
         return Scripted(tool_calls=[("write_file", json.dumps({"path": name, "content": "42"}))])
@@ -257,6 +260,11 @@ async def test_transcript_follows_a_continue_as_new_chain(
         await handle.signal("close")
 
 
+async def _in_state(client: Client, workflow_id: str, state: str) -> bool | None:
+    view = StatusView.model_validate(await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status))
+    return view.state == state or None
+
+
 def _shown(lines: list[str], text: str) -> bool | None:
     return any(text in line for line in lines) or None
 
@@ -295,6 +303,15 @@ async def test_bad_arguments_plain_runs_and_missing_ids(
         assert (await run.describe()).run_id == run.result_run_id, "no session was started under the run's id"
         not_closed = await cli("close", run.id)
         assert not_closed.returncode == 1 and "not_a_session" in one_line(not_closed)
+
+        running = await dev_env.client.start_workflow(
+            AgentWorkflow.run, AgentInput(task="post it"), id=new_id(), task_queue=tq
+        )
+        await eventually(partial(_in_state, dev_env.client, running.id, "waiting_approval"), "the run waiting")
+        asked = await cli("send", running.id, "hello?")
+        assert asked.returncode == 1, asked.stderr
+        assert "refused: not_a_session: this run is not a session" in one_line(asked)
+        await running.cancel()
 
         plain = await transcript(cli, run.id)
         assert exchanges(plain) == [("message", 1, "just a task"), ("reply", 1, "echo: just a task")]
