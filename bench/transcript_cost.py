@@ -109,11 +109,16 @@ async def _read(client: Client, session_id: str, count: int, reads: int, session
         transcript = await read_transcript(client, session_id)
         times.append(time.perf_counter() - began)
     fetch: list[float] = []
+    runs: list[dict[str, int]] = []
     for _ in range(reads):  # the same histories fetched without decoding: the server's and the wire's share
         began = time.perf_counter()
+        runs = []
         for run_id in await executions(client, session_id):
-            async for _event in client.get_workflow_handle(session_id, run_id=run_id).fetch_history_events():
-                pass
+            sizes = [
+                event.ByteSize()
+                async for event in client.get_workflow_handle(session_id, run_id=run_id).fetch_history_events()
+            ]
+            runs.append({"events": len(sizes), "bytes": sum(sizes), "started_event_bytes": sizes[0] if sizes else 0})
         fetch.append(time.perf_counter() - began)
     kinds = [entry.kind for entry in transcript.entries]
     return {
@@ -125,6 +130,7 @@ async def _read(client: Client, session_id: str, count: int, reads: int, session
         "events": transcript.events,
         "history_bytes": transcript.history_bytes,
         "bytes_per_message": round(transcript.history_bytes / count),
+        "runs": runs,  # each history: a continued run's started event carries the session's state
         "entries": {kind: kinds.count(kind) for kind in ("message", "reply", "tool_call")},
         "session_wall_s": round(session_s, 1),
     }
