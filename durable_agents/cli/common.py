@@ -303,6 +303,7 @@ _LABELS = {
     "approvers": "--approver",
     "policy_file": "--policy",
     "task_file": "--task-file",
+    "text": "the message",
 }
 
 

@@ -17,7 +17,7 @@ code says which kind it was:
     0    done
     1    a run-level failure: no such run, the run did not complete (failed,
          cancelled, limit_exceeded), it refused the request (a decision, a
-         duplicate id), or no worker answered (status / pending / watch); an
+         duplicate id, a message: refused: REASON), or no worker answered (status / pending / watch); an
          MCP server ``tools`` could not list; also an internal error (a bug),
          named in its one line
     2    bad usage or input (arguments, an empty or non-UTF-8 task, an unreadable
@@ -84,8 +84,11 @@ from durable_agents.cli.runs import (
 )
 from durable_agents.cli.sandboxes import add_command as add_sandboxes_command
 from durable_agents.cli.sandboxes import cmd_sandboxes
+from durable_agents.cli.sessions import add_close_command, add_send_command, cmd_close, cmd_send
 from durable_agents.cli.tools import add_command as add_tools_command
 from durable_agents.cli.tools import cmd_tools
+from durable_agents.cli.transcript import add_command as add_transcript_command
+from durable_agents.cli.transcript import cmd_transcript
 from durable_agents.cli.watch import add_command as add_watch_command
 from durable_agents.cli.watch import cmd_watch
 from durable_agents.client import TemporalUnavailable, connect
@@ -104,6 +107,9 @@ COMMANDS: dict[str, Command] = {
     "list": cmd_list,
     "fork": cmd_fork,
     "rewind": cmd_rewind,
+    "send": cmd_send,
+    "close": cmd_close,
+    "transcript": cmd_transcript,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -133,6 +139,9 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_list_command(sub)
     add_fork_command(sub)
     add_rewind_command(sub)
+    add_send_command(sub)
+    add_close_command(sub)
+    add_transcript_command(sub)
     add_tools_command(sub)
     add_codec_command(sub)
     return parser

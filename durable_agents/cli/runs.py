@@ -48,6 +48,7 @@ from durable_agents.cli.common import (
     recorded_state,
     temporal_state,
 )
+from durable_agents.cli.sessions import session_marker, session_of
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
 from workflows.types import AgentResult, PendingApproval, RunState
 
@@ -219,16 +220,19 @@ async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings)
             code=EXIT_USAGE,
         ) from None
     states = await bounded((_agent_state(client, wf) for wf in executions), QUERY_CONCURRENCY)
+    sessions = await bounded((session_of(client, wf) for wf in executions), QUERY_CONCURRENCY)
     rows = [
         {
             "workflow_id": wf.id,
             "run_id": wf.run_id,
-            "status": state,
+            "status": session.state or state,
             "execution_status": temporal_state(wf.status),
             "tenant": wf.typed_search_attributes.get(TENANT) or "",
             "started": wf.start_time.isoformat(timespec="seconds"),
+            "session": session.session,
+            "messages": session.messages,
         }
-        for wf, state in zip(executions, states, strict=True)
+        for wf, state, session in zip(executions, states, sessions, strict=True)
     ]
     more = _more_line(len(rows), total)
     if args.json:
@@ -239,7 +243,7 @@ async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings)
     if not rows:
         print("no matching runs" if args.state or args.tenant else "no runs yet")
     for row in rows:
-        print(f"{row['started']}  {row['status']:<18} {row['workflow_id']}")
+        print(f"{row['started']}  {row['status']:<18} {row['workflow_id']}{session_marker(row)}")
     if more:
         print(more)
     return 0

@@ -77,6 +77,12 @@ _STYLES: dict[str, str] = {
     "continued_as_new": "dim",
     "rewound": "yellow",
     "finished": "bold green",
+    # sessions: a watch of a session goes on across replies, until it closes or idles out
+    "message_received": "bold cyan",
+    "message_refused": "red",
+    "interrupted": "yellow",
+    "replied": "bold green",
+    "idle": "dim",
 }
 _KIND_WIDTH = max(len(kind) for kind in _STYLES)
 
@@ -272,7 +278,9 @@ async def watch_child(
 
 
 def add_command(sub: argparse._SubParsersAction[Any]) -> None:
-    watching = sub.add_parser("watch", help="stream a run's progress events until it ends")
+    watching = sub.add_parser(
+        "watch", help="stream a run's progress events until it ends (a session's: across messages, until it closes)"
+    )
     watching.add_argument("workflow_id")
     watching.add_argument("--json", action="store_true", help="one JSON object per event (ProgressEvent)")
     watching.add_argument(
