@@ -1,0 +1,263 @@
+"""``starter.py chat``: a conversation in a real pseudo-terminal, end to end with real processes.
+
+``worker.py`` runs as a subprocess against the dev server and the fake LLM server; the
+model's tool call is an ``http_request`` POST to a real HTTP server on 127.0.0.1, which the
+default policy puts to ``ask``, so the chat asks for it inline. The terminal is a pty
+(``pty.fork``): the chat reads what is typed there and Ctrl-C is the byte the terminal
+turns into SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from tests.fakes.http_sink import HttpSink
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.test_e2e_cli import Cli
+from tests.waiting import DEADLINE_S, eventually_sync
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Setup:
+    cli: Cli
+    llm: FakeLLMServer
+    sink: HttpSink
+    log: Path
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in list(self.llm.requests) if r["path"].endswith("/chat/completions")]
+
+
+@pytest.fixture(scope="module")
+def setup(dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    state = tmp_path_factory.mktemp("chat") / "state"
+    state.mkdir()
+    with FakeLLMServer(default=Scripted(text="(unscripted)")) as llm, HttpSink() as sink:
+        address = dev_env.client.service_client.config.target_host
+        env = {
+            "PATH": os.environ["PATH"],
+            "TEMPORAL_ADDRESS": address,
+            "AGENT_TASK_QUEUE": f"chat-{uuid.uuid4().hex[:8]}",
+            "AGENT_MODEL": "openai:test-model",
+            "OPENAI_BASE_URL": llm.openai_url,
+            "OPENAI_API_KEY": "sk-test",
+            "AGENT_STATE_DIR": str(state),
+            "AGENT_HTTP_ALLOW": "127.0.0.1:1024-65535",
+        }
+        log = state / "worker.log"
+        with open(log, "w") as out:
+            worker = subprocess.Popen(
+                [sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            yield Setup(Cli(env, address), llm, sink, log)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0, log.read_text()[-2000:]
+
+
+class Terminal:
+    """``starter.py ARGS`` on a pseudo-terminal of its own: type into it, wait for what it shows."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        argv = [sys.executable, str(ROOT / "starter.py"), *args]
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the pty is its controlling terminal, so Ctrl-C there is its SIGINT
+            os.chdir(ROOT)
+            os.execve(sys.executable, argv, env)
+        self.pid, self.fd = pid, fd
+        self.screen = b""
+        self.seen = 0  # what expect() has matched so far: each expect looks after it
+        self.closed = False
+
+    def _read(self, wait_s: float) -> None:
+        ready, _, _ = select.select([self.fd], [], [], wait_s)
+        if not ready:
+            return
+        try:
+            chunk = os.read(self.fd, 4096)
+        except OSError:  # the process ended and closed the terminal
+            chunk = b""
+        if not chunk:
+            self.closed = True
+        self.screen += chunk
+
+    def expect(self, text: str) -> str:
+        """Wait until ``text`` is shown after the last match; what was shown up to its end."""
+        wanted = text.encode()
+
+        def shown() -> int:
+            if not self.closed:
+                self._read(0.2)
+            at = self.screen.find(wanted, self.seen)
+            if at < 0 and self.closed:
+                raise RuntimeError(f"the terminal closed before {text!r}:\n{self.text}")
+            assert at >= 0, self.text[-3000:]
+            return at + len(wanted)
+
+        end = eventually_sync(shown, f"the terminal shows {text!r}", every_s=0)
+        before, self.seen = self.screen[self.seen : end].decode(errors="replace"), end
+        return before
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def wait(self) -> int:
+        """Read until the terminal closes; the exit code (128 + N for signal N)."""
+        eventually_sync(lambda: self._read(0.2) or self.closed, "the chat ends", every_s=0)
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+    @property
+    def text(self) -> str:
+        return self.screen.decode(errors="replace").replace("\r\n", "\n")
+
+
+def _status(setup: Setup, session_id: str) -> dict[str, Any]:
+    shown = setup.cli.starter("status", session_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    data: dict[str, Any] = json.loads(shown.stdout)
+    return data
+
+
+def _roles(body: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(m["role"], str(m.get("content") or "")) for m in body["messages"][1:]]
+
+
+def test_chat_two_messages_an_inline_approval_then_ctrl_c(setup: Setup) -> None:
+    path = f"/chat/{uuid.uuid4().hex[:8]}"
+    post = json.dumps({"method": "POST", "url": setup.sink.url + path, "json": {"note": "from chat"}})
+    setup.llm.enqueue(
+        Scripted(text="hello, human"), Scripted(tool_calls=[("http_request", post)]), Scripted(text="posted it")
+    )
+    before = len(setup.chat_bodies())
+    term = Terminal(setup.cli.env, "chat", "--reviewer", "rita")
+    try:
+        header = term.expect("you> ")
+        found = re.search(r"new session (chat-[0-9a-f]{8})", header)
+        assert found, term.text
+        session_id = found.group(1)
+
+        term.type(b"hi there\n")
+        term.expect("agent> hello, human")
+        term.expect("you> ")
+
+        term.type(b"please post the note\n")
+        asked = term.expect("approve? [y/n] ")
+        assert f"http_request POST {setup.sink.url}{path}" in asked, term.text
+        assert "rule default:side-effect" in asked, term.text
+        assert [r for r in setup.sink.received if r.path == path] == []  # nothing was sent before the answer
+        term.type(b"maybe\n")  # neither y nor n: asked again
+        term.expect("approve? [y/n] ")
+        term.type(b"y\n")
+        decided = term.expect("agent> posted it")
+        assert "approved " in decided and " as rita" in decided, term.text
+        assert "tool_finished" in decided, term.text  # the progress of the call was shown as it happened
+        term.expect("you> ")
+
+        term.type(b"\x03")  # Ctrl-C
+        code = term.wait()
+    finally:
+        term.kill()
+    output = term.text
+    assert code == 130, output
+    assert "Traceback" not in output, output
+    assert f"chat {session_id}" in output and f"send {session_id} " in output, output
+    assert "goes on" in output, output
+
+    # The POST went out once, its result reached the model, and each turn saw the whole conversation.
+    posts = [r for r in setup.sink.received if r.path == path]
+    assert len(posts) == 1 and json.loads(posts[0].body) == {"note": "from chat"}
+    bodies = setup.chat_bodies()[before:]
+    assert len(bodies) == 3
+    assert _roles(bodies[1]) == [("user", "hi there"), ("assistant", "hello, human"), ("user", "please post the note")]
+    tool_results = [m for m in bodies[2]["messages"] if m["role"] == "tool"]
+    assert len(tool_results) == 1 and '"ok": true' in tool_results[0]["content"], tool_results
+
+    # Leaving the chat left the session running, idle, waiting for the next message.
+    status = _status(setup, session_id)
+    assert status["state"] == "idle" and status["messages"] == 2 and status["replied"] == 2, status
+    assert status["output"] == "posted it"
+
+
+def _chat_piped(setup: Setup, *args: str, lines: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "starter.py"), "chat", *args],
+        env=setup.cli.env,
+        cwd=ROOT,
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+
+
+def test_end_of_input_leaves_and_chat_wakes_an_ended_session(setup: Setup) -> None:
+    session_id = f"chat-wake-{uuid.uuid4().hex[:6]}"
+    setup.llm.enqueue(Scripted(text="first answer"), Scripted(text="second answer"))
+    before = len(setup.chat_bodies())
+
+    first = _chat_piped(setup, session_id, "--reviewer", "otto", lines="remember 42\n")
+    assert first.returncode == 0, first.stderr
+    assert "no session yet with this id" in first.stdout and "agent> first answer" in first.stdout, first.stdout
+    assert "resume with: " in first.stdout and f"starter.py chat {session_id}" in first.stdout, first.stdout
+    assert first.stderr == "", first.stderr
+
+    closed = setup.cli.temporal("workflow", "signal", "--workflow-id", session_id, "--name", "close")
+    assert closed.returncode == 0, closed.stderr
+    ended = setup.cli.temporal("workflow", "result", "--workflow-id", session_id)
+    assert ended.returncode == 0, ended.stderr
+
+    again = _chat_piped(setup, session_id, lines="what was it?\n")
+    assert again.returncode == 0, again.stderr
+    assert "has ended (completed); your next message wakes it" in again.stdout, again.stdout
+    assert "agent> second answer" in again.stdout, again.stdout
+    bodies = setup.chat_bodies()[before:]
+    assert _roles(bodies[-1]) == [("user", "remember 42"), ("assistant", "first answer"), ("user", "what was it?")]
+    status = _status(setup, session_id)
+    assert status["state"] == "idle" and status["messages"] == 2, status
+
+
+def test_chat_refuses_what_is_not_a_session(setup: Setup) -> None:
+    setup.llm.enqueue(Scripted(text="plain run done"))
+    run_id = f"plain-{uuid.uuid4().hex[:6]}"
+    ran = setup.cli.starter("run", "a one-shot task", "--id", run_id, "--wait")
+    assert ran.returncode == 0, ran.stderr
+    refused = _chat_piped(setup, run_id, lines="hello\n")
+    assert refused.returncode == 1
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: run {run_id} was not a session; start one with "), line
+    assert line.endswith("starter.py chat (no id)"), line
+    assert "Traceback" not in refused.stdout + refused.stderr
+
+    bad = _chat_piped(setup, "--max-steps", "0", lines="")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--max-steps" in bad.stderr
+
+    too_long = _chat_piped(setup, lines="x" * 100_001 + "\n")
+    assert too_long.returncode == 0, too_long.stderr
+    assert "refused: String should have at most 100000 characters" in too_long.stdout, too_long.stdout
