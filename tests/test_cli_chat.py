@@ -121,7 +121,12 @@ class Terminal:
 
     def wait(self) -> int:
         """Read until the terminal closes; the exit code (128 + N for signal N)."""
-        eventually_sync(lambda: self._read(0.2) or self.closed, "the chat ends", every_s=0)
+
+        def ended() -> bool:
+            self._read(0.2)
+            return self.closed
+
+        eventually_sync(ended, "the chat ends", every_s=0)
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
         return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
@@ -188,7 +193,7 @@ def test_chat_two_messages_an_inline_approval_then_ctrl_c(setup: Setup) -> None:
     assert code == 130, output
     assert "Traceback" not in output, output
     assert f"chat {session_id}" in output and f"send {session_id} " in output, output
-    assert "goes on" in output, output
+    assert f"\ninterrupted: session {session_id} goes on; resume with: " in output, output
 
     # The POST went out once, its result reached the model, and each turn saw the whole conversation.
     posts = [r for r in setup.sink.received if r.path == path]
@@ -227,6 +232,12 @@ def test_end_of_input_leaves_and_chat_wakes_an_ended_session(setup: Setup) -> No
     assert "no session yet with this id" in first.stdout and "agent> first answer" in first.stdout, first.stdout
     assert "resume with: " in first.stdout and f"starter.py chat {session_id}" in first.stdout, first.stdout
     assert first.stderr == "", first.stderr
+
+    # Joining a running session says where it stands; end of input at once leaves it as it was.
+    joined = _chat_piped(setup, session_id, lines="")
+    assert joined.returncode == 0, joined.stderr
+    assert f"joined session {session_id}: 1 message(s), idle" in joined.stdout, joined.stdout
+    assert "last reply: first answer" in joined.stdout, joined.stdout
 
     closed = setup.cli.temporal("workflow", "signal", "--workflow-id", session_id, "--name", "close")
     assert closed.returncode == 0, closed.stderr

@@ -85,6 +85,7 @@ SHOWN = frozenset(
     }
 )
 Stream = AsyncGenerator[tuple[int, ProgressEvent], None]
+IDLE_WAITING = "idle: waiting"  # the text of the event a session emits as it starts to wait (workflows/session.py)
 WAITING = "shows the reply once one does (Ctrl-C leaves the session running)"
 
 # input() runs here, not in the loop's default executor: asyncio.run() joins that executor on
@@ -142,7 +143,7 @@ async def cmd_chat(client: Client, args: argparse.Namespace, settings: Settings)
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
     chat = Chat(client, session_id, inp, settings, reviewer)
-    on_interrupt(f"the session goes on; {' '.join(line.strip() for line in resume_lines(session_id))}")
+    on_interrupt("; ".join(line.strip() for line in resume_lines(session_id)))
     try:
         await chat.join(new=args.workflow_id is None)
         while True:
@@ -153,6 +154,9 @@ async def cmd_chat(client: Client, args: argparse.Namespace, settings: Settings)
         print()
         print("\n".join(resume_lines(session_id)), flush=True)
         return 0
+    except asyncio.CancelledError:  # Ctrl-C: main's "interrupted: ..." line goes below the prompt, not after it
+        print(flush=True)
+        raise
 
 
 async def ask(prompt: str) -> str:
@@ -177,6 +181,7 @@ class Chat:
         self.offset = 0  # the next progress event of that chain to read
         self.mine: set[str] = set()  # message ids this chat sent (their message_received is not shown)
         self.decided: set[str] = set()  # approvals asked here already
+        self.sent: set[str] = set()  # approvals decided here (their approval_decided is not shown again)
         self.printer = EventPrinter(session_id, mode=mode_for(False, sys.stdout), show_commands=False, indent="  ")
 
     # --- joining ---------------------------------------------------------------------------
@@ -301,9 +306,15 @@ class Chat:
             if approval_id:
                 await self.review(approval_id)
             return
-        if event.kind == "message_received" and str(event.data.get("message_id")) not in self.mine:
-            self.printer(0, event)  # someone else's message to this session
-        elif event.kind in SHOWN:
+        if event.kind == "message_received":
+            shown = str(event.data.get("message_id")) not in self.mine  # someone else's message to this session
+        elif event.kind == "approval_decided":
+            shown = str(event.data.get("approval_id")) not in self.sent  # decided elsewhere
+        elif event.kind == "idle":
+            shown = not event.text.startswith(IDLE_WAITING)  # a sandbox stopped, a close; not the wait itself
+        else:
+            shown = event.kind in SHOWN
+        if shown:
             self.printer(0, event)
 
     async def _ended(self) -> None:
@@ -358,6 +369,7 @@ class Chat:
         except CliError as err:
             print(f"  {err}", flush=True)  # e.g. refused: not an approver; the session keeps waiting
             return
+        self.sent.add(approval.approval_id)
         print(f"  {line}", flush=True)
 
 
