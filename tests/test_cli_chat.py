@@ -229,7 +229,8 @@ def test_end_of_input_leaves_and_chat_wakes_an_ended_session(setup: Setup) -> No
 
     first = _chat_piped(setup, session_id, "--reviewer", "otto", lines="remember 42\n")
     assert first.returncode == 0, first.stderr
-    assert "no session yet with this id" in first.stdout and "agent> first answer" in first.stdout, first.stdout
+    assert "no session yet with this id" in first.stdout, first.stdout
+    assert "you> remember 42\n" in first.stdout and "agent> first answer" in first.stdout, first.stdout
     assert "resume with: " in first.stdout and f"starter.py chat {session_id}" in first.stdout, first.stdout
     assert first.stderr == "", first.stderr
 
@@ -271,4 +272,4 @@ def test_chat_refuses_what_is_not_a_session(setup: Setup) -> None:
 
     too_long = _chat_piped(setup, lines="x" * 100_001 + "\n")
     assert too_long.returncode == 0, too_long.stderr
-    assert "refused: String should have at most 100000 characters" in too_long.stdout, too_long.stdout
+    assert "refused: the message: String should have at most 100000 characters" in too_long.stdout, too_long.stdout

@@ -70,7 +70,6 @@ from workflows.types import AgentInput, Limits, PendingApproval, StatusView
 PROMPT = "you> "
 REPLY = "agent> "
 APPROVE_PROMPT = "approve? [y/n] "
-SEND_TIMEOUT_S = 30.0  # a send is answered once a worker took it; meanwhile a no-worker warning is printed
 # Events the chat shows while the agent works; the rest (turns, the reply itself) it says its own way.
 SHOWN = frozenset(
     {
@@ -162,12 +161,15 @@ async def cmd_chat(client: Client, args: argparse.Namespace, settings: Settings)
 async def ask(prompt: str) -> str:
     """One line from stdin (the prompt on stdout); ``Leave`` at end of input."""
     try:
-        return await asyncio.get_running_loop().run_in_executor(_LINES, input, prompt)
+        line = await asyncio.get_running_loop().run_in_executor(_LINES, input, prompt)
     except EOFError:
         raise Leave from None
     except UnicodeDecodeError:
         print("error: that line is not UTF-8 text; type it again", file=sys.stderr, flush=True)
         return ""
+    if not sys.stdin.isatty():  # read from a pipe or a file: echoed, so the output reads as the conversation
+        print(line, flush=True)
+    return line
 
 
 class Chat:
@@ -231,7 +233,7 @@ class Chat:
         try:
             message = SessionMessage(message_id=f"chat-{uuid.uuid4().hex}", text=text, sender=self.reviewer)
         except ValidationError as exc:
-            print(f"refused: {exc.errors(include_url=False)[0]['msg']}", flush=True)
+            print(f"refused: the message: {exc.errors(include_url=False)[0]['msg']}", flush=True)
             return
         self.mine.add(message.message_id)
         result = await self.send(message)
@@ -294,6 +296,11 @@ class Chat:
                 else:
                     await self._ended()
                     return
+        except (WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
+            raise CliError(
+                f"cannot read the progress of session {self.session_id}: {err.cause or err}; "
+                + "; ".join(line.strip() for line in resume_lines(self.session_id))
+            ) from None
         finally:
             watchdog.cancel()
         view = await self._status()
