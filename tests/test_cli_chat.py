@@ -273,3 +273,37 @@ def test_chat_refuses_what_is_not_a_session(setup: Setup) -> None:
     too_long = _chat_piped(setup, lines="x" * 100_001 + "\n")
     assert too_long.returncode == 0, too_long.stderr
     assert "refused: the message: String should have at most 100000 characters" in too_long.stdout, too_long.stdout
+
+
+def test_a_refused_message_is_one_line_and_the_prompt_returns(setup: Setup) -> None:
+    run_id = f"chat-taken-{uuid.uuid4().hex[:6]}"
+    term = Terminal(setup.cli.env, "chat", run_id)
+    try:
+        term.expect("you> ")
+        # Meanwhile a plain run (not a session) starts under that id and waits for an approval.
+        path = f"/taken/{uuid.uuid4().hex[:8]}"
+        post = json.dumps({"method": "POST", "url": setup.sink.url + path})
+        setup.llm.enqueue(Scripted(tool_calls=[("http_request", post)]))
+        started = setup.cli.starter("run", "a plain run", "--id", run_id)
+        assert started.returncode == 0, started.stderr
+        eventually_sync(
+            lambda: _status(setup, run_id)["state"] == "waiting_approval", f"{run_id} waits for its approval"
+        )
+        term.type(b"hello?\n")
+        refused = term.expect("you> ")
+        assert refused.replace("\r\n", "\n").splitlines() == [
+            "hello?",  # the terminal's echo
+            'refused: not_a_session: this run is not a session (a session starts with "session": {} in its input)',
+            "you> ",
+        ], refused
+        assert "agent>" not in refused
+        term.type(b"\x04")  # Ctrl-D at the prompt
+        code = term.wait()
+    finally:
+        term.kill()
+    output = term.text
+    assert code == 0, output
+    assert "Traceback" not in output and f"starter.py chat {run_id}" in output, output
+    cancelled = setup.cli.starter("cancel", run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert [r for r in setup.sink.received if r.path == path] == []
