@@ -307,3 +307,17 @@ def test_a_refused_message_is_one_line_and_the_prompt_returns(setup: Setup) -> N
     cancelled = setup.cli.starter("cancel", run_id)
     assert cancelled.returncode == 0, cancelled.stderr
     assert [r for r in setup.sink.received if r.path == path] == []
+
+
+def test_n_rejects_the_call_and_the_model_is_told(setup: Setup) -> None:
+    path = f"/reject/{uuid.uuid4().hex[:8]}"
+    post = json.dumps({"method": "POST", "url": setup.sink.url + path})
+    setup.llm.enqueue(Scripted(tool_calls=[("http_request", post)]), Scripted(text="fine, I did not post"))
+    before = len(setup.chat_bodies())
+    chat = _chat_piped(setup, "--reviewer", "nina", lines="post it\nn\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "approve? [y/n] n\n" in chat.stdout and " as nina: rejected in chat by nina" in chat.stdout, chat.stdout
+    assert "agent> fine, I did not post" in chat.stdout, chat.stdout
+    assert [r for r in setup.sink.received if r.path == path] == []
+    [tool_result] = [m for m in setup.chat_bodies()[before:][-1]["messages"] if m["role"] == "tool"]
+    assert "rejected in chat by nina" in tool_result["content"], tool_result

@@ -373,8 +373,8 @@ class Chat:
                 approval,
                 approval_key=self.settings.approval_key,
             )
-        except CliError as err:
-            print(f"  {err}", flush=True)  # e.g. refused: not an approver; the session keeps waiting
+        except CliError as err:  # e.g. refused: not an approver
+            print(f"  {err}; the session waits for a decision it accepts (Ctrl-C leaves it waiting)", flush=True)
             return
         self.sent.add(approval.approval_id)
         print(f"  {line}", flush=True)
