@@ -273,6 +273,9 @@ def test_chat_refuses_what_is_not_a_session(setup: Setup) -> None:
     too_long = _chat_piped(setup, lines="x" * 100_001 + "\n")
     assert too_long.returncode == 0, too_long.stderr
     assert "refused: the message: String should have at most 100000 characters" in too_long.stdout, too_long.stdout
+    [session_id] = re.findall(r"new session (chat-[0-9a-f]{8})", too_long.stdout)
+    assert f"no message was taken: session {session_id} was not started" in too_long.stdout, too_long.stdout
+    assert setup.cli.starter("status", session_id).returncode == 1  # nothing was started under that id
 
 
 def test_a_refused_message_is_one_line_and_the_prompt_returns(setup: Setup) -> None:
@@ -303,7 +306,7 @@ def test_a_refused_message_is_one_line_and_the_prompt_returns(setup: Setup) -> N
         term.kill()
     output = term.text
     assert code == 0, output
-    assert "Traceback" not in output and f"starter.py chat {run_id}" in output, output
+    assert "Traceback" not in output and f"session {run_id} was not started by this chat" in output, output
     cancelled = setup.cli.starter("cancel", run_id)
     assert cancelled.returncode == 0, cancelled.stderr
     assert [r for r in setup.sink.received if r.path == path] == []

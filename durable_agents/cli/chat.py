@@ -105,6 +105,9 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     chat.add_argument("--timeout", type=positive_int, dest="timeout_s", help="seconds of work per message")
     chat.add_argument("--tenant", default="", help="tenant label for a new session")
     add_run_options(chat)
+    for action in chat._actions:  # run's --reviewer, said for the chat
+        if "--reviewer" in action.option_strings:
+            action.help = "your name: the sender of your messages and the reviewer of your decisions (default: $USER)"
 
 
 def session_input(args: argparse.Namespace) -> AgentInput:
@@ -142,7 +145,7 @@ async def cmd_chat(client: Client, args: argparse.Namespace, settings: Settings)
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
     chat = Chat(client, session_id, inp, settings, reviewer)
-    on_interrupt("; ".join(line.strip() for line in resume_lines(session_id)))
+    on_interrupt(f"no message was taken: session {session_id} was not started by this chat")
     try:
         await chat.join(new=args.workflow_id is None)
         while True:
@@ -151,7 +154,10 @@ async def cmd_chat(client: Client, args: argparse.Namespace, settings: Settings)
                 await chat.say(text)
     except Leave:
         print()
-        print("\n".join(resume_lines(session_id)), flush=True)
+        if chat.exists:
+            print("\n".join(resume_lines(session_id)), flush=True)
+        else:
+            print(f"no message was taken: session {session_id} was not started by this chat", flush=True)
         return 0
     except asyncio.CancelledError:  # Ctrl-C: main's "interrupted: ..." line goes below the prompt, not after it
         print(flush=True)
@@ -179,6 +185,7 @@ class Chat:
         self.client, self.session_id, self.inp, self.settings = client, session_id, inp, settings
         self.reviewer = reviewer
         self.task_queue = settings.temporal.task_queue
+        self.exists = False  # the session exists (found, or started by a send): leaving says how to come back
         self.chain = ""  # first run id of the execution chain read (a woken session is a new chain)
         self.offset = 0  # the next progress event of that chain to read
         self.mine: set[str] = set()  # message ids this chat sent (their message_received is not shown)
@@ -200,6 +207,7 @@ class Chat:
             print(f"{what} {self.session_id} (your first message starts it; Ctrl-D or Ctrl-C leaves it)", flush=True)
             return
         check_agent_run(desc)
+        self._exists()
         if desc.status != WorkflowExecutionStatus.RUNNING:
             if not await _was_session(self.client, handle):
                 raise CliError(f"run {self.session_id} was not a session; start one with {cli_command('chat')} (no id)")
@@ -267,8 +275,13 @@ class Chat:
         if not result.accepted:
             print(f"refused: {result.reason}: {result.message}", flush=True)
             return None
+        self._exists()
         await self._same_chain()
         return result
+
+    def _exists(self) -> None:
+        self.exists = True
+        on_interrupt("; ".join(line.strip() for line in resume_lines(self.session_id)))
 
     async def _same_chain(self) -> None:
         """A send that started or woke the session started a new chain: its events are read from 0."""
