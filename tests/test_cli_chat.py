@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,12 +35,27 @@ from tests.waiting import DEADLINE_S, eventually_sync
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class HeldReply:
+    """The fake model's answer when nothing is scripted; while ``held``, it comes once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.release = threading.Event()
+        self.text = "(unscripted)"
+
+    def __call__(self, body: dict[str, Any]) -> Scripted:
+        if self.held:
+            self.release.wait(DEADLINE_S)
+        return Scripted(text=self.text)
+
+
 @dataclass
 class Setup:
     cli: Cli
     llm: FakeLLMServer
     sink: HttpSink
     log: Path
+    held: HeldReply
 
     def chat_bodies(self) -> list[dict[str, Any]]:
         return [r["body"] for r in list(self.llm.requests) if r["path"].endswith("/chat/completions")]
@@ -49,7 +65,8 @@ class Setup:
 def setup(dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     state = tmp_path_factory.mktemp("chat") / "state"
     state.mkdir()
-    with FakeLLMServer(default=Scripted(text="(unscripted)")) as llm, HttpSink() as sink:
+    held = HeldReply()
+    with FakeLLMServer(default=held) as llm, HttpSink() as sink:
         address = dev_env.client.service_client.config.target_host
         env = {
             "PATH": os.environ["PATH"],
@@ -67,7 +84,8 @@ def setup(dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
                 [sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
             )
         try:
-            yield Setup(Cli(env, address), llm, sink, log)
+            yield Setup(Cli(env, address), llm, sink, log, held)
+            held.release.set()
         finally:
             worker.send_signal(signal.SIGTERM)
             assert worker.wait(timeout=30) == 0, log.read_text()[-2000:]
@@ -86,6 +104,7 @@ class Terminal:
         self.screen = b""
         self.seen = 0  # what expect() has matched so far: each expect looks after it
         self.closed = False
+        self.reaped = False
 
     def _read(self, wait_s: float) -> None:
         ready, _, _ = select.select([self.fd], [], [], wait_s)
@@ -128,15 +147,18 @@ class Terminal:
 
         eventually_sync(ended, "the chat ends", every_s=0)
         _, status = os.waitpid(self.pid, 0)
+        self.reaped = True
         os.close(self.fd)
         return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        """End the chat if a test failed before it did (its pid is never signalled once reaped)."""
+        if self.reaped:
+            return
+        self.reaped = True
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
 
     @property
     def text(self) -> str:
@@ -324,3 +346,38 @@ def test_n_rejects_the_call_and_the_model_is_told(setup: Setup) -> None:
     assert [r for r in setup.sink.received if r.path == path] == []
     [tool_result] = [m for m in setup.chat_bodies()[before:][-1]["messages"] if m["role"] == "tool"]
     assert "rejected in chat by nina" in tool_result["content"], tool_result
+
+
+def test_ctrl_c_mid_turn_and_joining_a_session_at_work(setup: Setup) -> None:
+    setup.held.held, setup.held.text = True, "worth the wait"
+    setup.held.release.clear()
+    requests = len(setup.llm.requests)
+    term = Terminal(setup.cli.env, "chat")
+    joiner: Terminal | None = None
+    try:
+        found = re.search(r"new session (chat-[0-9a-f]{8})", term.expect("you> "))
+        assert found, term.text
+        session_id = found.group(1)
+        term.type(b"take your time\n")
+        eventually_sync(lambda: len(setup.llm.requests) > requests, "the model is asked")
+        term.type(b"\x03")  # Ctrl-C while the model works on the answer
+        assert term.wait() == 130, term.text
+        assert "agent>" not in term.text and f"interrupted: session {session_id} goes on" in term.text, term.text
+
+        # Another chat joins while the agent still works: it shows the reply once it comes.
+        joiner = Terminal(setup.cli.env, "chat", session_id)
+        joiner.expect(f"joined session {session_id}: 1 message(s), running")
+        setup.held.release.set()
+        joiner.expect("agent> worth the wait")
+        joiner.expect("you> ")
+        joiner.type(b"\x04")
+        assert joiner.wait() == 0, joiner.text
+    finally:
+        setup.held.held = False
+        setup.held.release.set()
+        term.kill()
+        if joiner is not None:
+            joiner.kill()
+    assert "Traceback" not in term.text + joiner.text
+    status = _status(setup, session_id)
+    assert status["state"] == "idle" and status["replied"] == 1 and status["output"] == "worth the wait", status
