@@ -10,6 +10,7 @@
     python starter.py resolve RUN_ID [APPROVAL_ID] --as retry|mark_done|fail --reviewer alice
     python starter.py cancel RUN_ID
     python starter.py list
+    python starter.py chat [SESSION_ID] [--reviewer alice]             # a conversation with a session
     python starter.py sandboxes reap [--min-age S]
     python starter.py codec-server [--port 8081] [--host 127.0.0.1]   # decrypts for the Temporal UI and CLI
 

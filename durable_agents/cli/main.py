@@ -55,6 +55,8 @@ from activities.settings import ConfigurationError, Settings
 from durable_agents import logs, telemetry
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
+from durable_agents.cli.chat import add_command as add_chat_command
+from durable_agents.cli.chat import cmd_chat
 from durable_agents.cli.codec import add_command as add_codec_command
 from durable_agents.cli.codec import cmd_codec_server
 from durable_agents.cli.common import (
@@ -110,6 +112,7 @@ COMMANDS: dict[str, Command] = {
     "send": cmd_send,
     "close": cmd_close,
     "transcript": cmd_transcript,
+    "chat": cmd_chat,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -142,6 +145,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_send_command(sub)
     add_close_command(sub)
     add_transcript_command(sub)
+    add_chat_command(sub)
     add_tools_command(sub)
     add_codec_command(sub)
     return parser
