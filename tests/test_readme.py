@@ -149,6 +149,18 @@ DEMO_STEPS = {
     ),
     "the POST goes out with\nits `Idempotency-Key`": ("idempotency_key",),
     "prints the answer, the\nrun id and its UI link": ("finished: completed", "/namespaces/default/workflows/demo-"),
+    "starts a session and sends it two\nmessages with the `send` update": (
+        "[you] message 1: Check the stock level at http://127.0.0.1:",
+        "[you] message 2: Check it again",
+        "status: idle, 2 messages, 2 replied",
+        "session closed: completed",
+    ),
+    "its reply compares what it sees now with the first": (
+        "[agent] reply 1:\n    Done. Here is what I found:\n"
+        '    - the HTTP request returned HTTP 200 OK: {"service": "inventory"',
+        "[agent] reply 2:\n    Message 2: here is what I see now:\n    - the HTTP request returned HTTP 200 OK:",
+        "    - unchanged since message 1\n",
+    ),
 }
 
 
