@@ -1,4 +1,4 @@
-# make demo — set up everything, start a dev server, run one real offline agent run.
+# make demo — set up everything, start a dev server, run one real offline agent run and a two-message session.
 # make test — set up everything, run lint, type check and every test.
 SHELL := /bin/bash
 VENV := .venv

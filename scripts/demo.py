@@ -7,12 +7,18 @@ stock level, then asks to POST a reservation. Policy pauses that write for a
 human; the demo's approver answers through the public path (``starter.py
 pending`` / ``starter.py approve``), the POST goes out with its
 ``Idempotency-Key``, and the run finishes. The demo prints the answer, the run
-id and its Temporal UI link, and stops the worker. The dev server keeps running
-so the link works (``make stop`` ends it).
+id and its Temporal UI link.
+
+Then a session (a conversation, through the Temporal client): it starts one,
+sends two messages with the ``send`` update (the second asks to check the stock
+again, and the reply compares it with the first), prints each reply and the
+session's status, and closes it. The demo stops the worker; the dev server keeps
+running so the links work (``make stop`` ends it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -22,8 +28,13 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
 
 from activities.settings import Settings
+from durable_agents import AgentInput, AgentResult, SendResult, SessionMessage, SessionSpec, StatusView, connect
+from durable_agents.cli.run import ui_link
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -78,6 +89,69 @@ def approve_when_asked(run_id: str, env: dict[str, str]) -> None:
         time.sleep(0.3)
 
 
+SESSION_MESSAGES = (
+    "Check the stock level at {url}.",
+    "Check it again: has it changed?",
+)
+
+
+async def replied(handle: WorkflowHandle[Any, Any], seq: int, within_s: float = 120.0) -> StatusView:
+    """The session's status once it has answered message ``seq`` and waits for the next one."""
+    deadline = time.monotonic() + within_s
+    while True:
+        view: StatusView = await handle.query("status", result_type=StatusView)
+        if (view.replied >= seq and view.state == "idle") or view.state in ("completed", "failed"):
+            return view
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no reply to message {seq} within {within_s:.0f} s (state {view.state})")
+        await asyncio.sleep(0.2)
+
+
+def indented(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+async def session_demo(settings: Settings, env: dict[str, str], session_id: str, url: str) -> int:
+    """A two-message session through the Temporal client: start, send, reply, send, reply, close."""
+    client: Client = await connect(settings.temporal, keyring=settings.encryption.keyring)
+    print(f"\ndemo: a session (a conversation that waits for the next message): {session_id}")
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        AgentInput(session=SessionSpec(), tools=["http_request"]),
+        id=session_id,
+        task_queue=env["AGENT_TASK_QUEUE"],
+        result_type=AgentResult,
+    )
+    for number, template in enumerate(SESSION_MESSAGES, 1):
+        text = template.format(url=url)
+        sent = await handle.execute_update(
+            "send", SessionMessage(message_id=f"m{number}", text=text, sender="demo"), result_type=SendResult
+        )
+        print(f"\n[you] message {sent.seq}: {text}  (send: accepted={sent.accepted})", flush=True)
+        view = await replied(handle, sent.seq)
+        if view.state != "idle":
+            print(f"demo: the session ended early ({view.state}): {view.output}")
+            return 1
+        print(f"[agent] reply {view.replied}:\n{indented(view.output)}", flush=True)
+    print(f"\nstatus: {view.state}, {view.messages} messages, {view.replied} replied, {view.step} model turns")
+    show_transcript(session_id, env)
+    await handle.signal("close")
+    done = await handle.result()
+    link = ui_link(settings.temporal.ui_url, client.namespace, session_id, None)
+    print(f"session closed: {done.status}, {done.steps} model turns; UI: {link}")
+    return 0
+
+
+def show_transcript(session_id: str, env: dict[str, str]) -> None:
+    """``starter.py transcript``, when this checkout's CLI has the command."""
+    starter = [PY, str(ROOT / "starter.py")]
+    probe = subprocess.run([*starter, "transcript", "--help"], cwd=ROOT, env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
+        return
+    print(f"\ntranscript (starter.py transcript {session_id}):", flush=True)
+    subprocess.run([*starter, "transcript", session_id], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+
+
 def main() -> int:
     server = ThreadingHTTPServer(("127.0.0.1", 0), InventoryHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -106,6 +180,8 @@ def main() -> int:
             env=env,
             stdin=subprocess.DEVNULL,  # not a terminal: the follower prints the approve commands instead of asking
         )
+        if rc == 0:
+            rc = asyncio.run(session_demo(settings, env, f"{run_id}-session", url))
     finally:
         worker.send_signal(signal.SIGTERM)
         try:

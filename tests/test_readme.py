@@ -25,6 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +34,11 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import require_bwrap
+from activities.runtime import Runtime
+from tests.conftest import WorkerFactory, require_bwrap
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
+from workflows.types import StatusView
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -44,7 +47,7 @@ MAX_README_BYTES = 15_000
 # This repository's own top-level modules: a README snippet imports none of them but durable_agents.
 PROJECT_MODULES = {"workflows", "activities", "durable_agents", "worker", "starter", "scripts", "examples", "tests"}
 WALKTHROUGH = ("real-model", "first-tool", "first-tool-run", "approve", "embed")
-MARKERS = {"install", "two-commands", *WALKTHROUGH}
+MARKERS = {"install", "two-commands", "sessions", *WALKTHROUGH}
 TWO_TO_THE_100 = str(2**100)
 
 
@@ -149,6 +152,18 @@ DEMO_STEPS = {
     ),
     "the POST goes out with\nits `Idempotency-Key`": ("idempotency_key",),
     "prints the answer, the\nrun id and its UI link": ("finished: completed", "/namespaces/default/workflows/demo-"),
+    "starts a session and sends it two\nmessages with the `send` update": (
+        "[you] message 1: Check the stock level at http://127.0.0.1:",
+        "[you] message 2: Check it again",
+        "status: idle, 2 messages, 2 replied",
+        "session closed: completed",
+    ),
+    "its reply compares what it sees now with the first": (
+        "[agent] reply 1:\n    Done. Here is what I found:\n"
+        '    - the HTTP request returned HTTP 200 OK: {"service": "inventory"',
+        "[agent] reply 2:\n    Message 2: here is what I see now:\n    - the HTTP request returned HTTP 200 OK:",
+        "    - unchanged since message 1\n",
+    ),
 }
 
 
@@ -340,3 +355,46 @@ def test_every_cli_command_the_readme_shows_parses(marker: str) -> None:
         assert done.returncode == 0, done.stderr
         for flag in (w for w in words[2:] if w.startswith("--")):
             assert flag in done.stdout, f"`durable-agents {words[1]}` has no {flag}"
+
+
+# --- the Temporal CLI commands of a session ----------------------------------------------------------------
+
+
+async def test_the_readme_session_commands_run(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """The three ``temporal`` commands of "Sessions", as shown (the id and task queue made unique here)."""
+    llm.enqueue(Scripted(text="2**100 is " + TWO_TO_THE_100), Scripted(text="2**101 is " + str(2**101)))
+    lines = commands(block("sessions").text)
+    assert [words[:3] for words in lines] == [
+        ["temporal", "workflow", "start"],
+        ["temporal", "workflow", "update"],
+        ["temporal", "workflow", "signal"],
+    ]
+    session_id = f"chat-{uuid.uuid4().hex[:8]}"
+    address = dev_env.client.service_client.config.target_host
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = dev_env.client.get_workflow_handle(session_id)
+
+        async def replied(seq: int) -> StatusView | None:
+            view: StatusView = await handle.query("status", result_type=StatusView)
+            return view if view.replied >= seq and view.state == "idle" else None
+
+        for number, words in enumerate(lines, 1):
+            words = [session_id if w == "chat-1" else tq if w == "agents" else w for w in words]
+            argv = [str(BIN / "temporal"), *words[1:], "--address", address]
+            done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{shlex.join(words)}:\n{done.stdout}\n{done.stderr}"
+            if number == 2:
+                assert "accepted:true" in done.stdout and "seq:1" in done.stdout, done.stdout
+                await eventually(lambda: replied(1), "the reply to message 1")
+        view = await eventually(lambda: replied(2), "the reply to message 2")
+    assert view.session and view.messages == 2 and view.output == "2**101 is " + str(2**101)
+    # The model saw the whole conversation at message 2's turn.
+    last = [r["body"]["messages"] for r in llm.requests if r["path"].endswith("/chat/completions")][-1]
+    said = [(m["role"], m["content"]) for m in last if m["role"] in ("user", "assistant")]
+    assert said == [
+        ("user", "What is 2**100? Use Python."),
+        ("assistant", "2**100 is " + TWO_TO_THE_100),
+        ("user", "And 2**101?"),
+    ]

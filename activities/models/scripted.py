@@ -7,6 +7,11 @@ when the task asks to reserve (a side effect, so policy asks for approval),
 then answer with what it saw. The same
 transcript always yields the same reply.
 
+Follow-up messages (a session's second message and later, the last user entry of the transcript):
+when the message names a URL, or says "again" after an earlier message named one, it GETs that URL
+once more and answers with what changed since the earlier result; otherwise it answers from the
+earlier tool results of the conversation, naming the message it is answering.
+
 Delegation: when the run offers sub-agents (tools whose arguments are ``{"task": str}``) and the
 task says "delegate", the first turn hands the task to every offered sub-agent at once (each gets
 the task without the word, so it plays the plan above instead of delegating again) and the answer
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from activities.models.base import FatalProviderError, ProviderReply
@@ -33,11 +40,40 @@ print(f"primes below 60: {len(primes)}, mean {statistics.mean(primes):.2f}, larg
 
 _URL = re.compile(r"https?://[^\s'\"<>]+")
 _DELEGATE = re.compile(r"(?i)\bdelegat\w*\s*")
+_AGAIN = re.compile(r"(?i)\bagain\b")
 SUBAGENT_ARGS_TITLE = "SubagentArgs"  # the schema title of a sub-agent's arguments (see activities.tools.registry)
 
 
 def _call(turn: int, index: int, name: str, args: dict[str, Any]) -> RecordedToolCall:
     return RecordedToolCall(id=f"scripted_{turn}_{index}", name=name, arguments_json=json.dumps(args))
+
+
+def _body(result: str) -> str:
+    """The body of a rendered HTTP result (``<status line>\n<headers>\n\n<body>``)."""
+    return result.split("\n\n", 1)[1].strip() if "\n\n" in result else ""
+
+
+@dataclass(frozen=True)
+class _Earlier:
+    seq: int  # the number of the message whose work fetched it
+    content: str
+
+
+def _earlier_get(messages: list[Message], url: str) -> _Earlier | None:
+    """The last successful GET of ``url`` in ``messages``, and the number of the message it answered."""
+    urls: dict[str, str] = {}
+    found: _Earlier | None = None
+    seq = 0
+    for message in messages:
+        if message.role == "user":
+            seq += 1
+        for call in message.tool_calls:
+            args = json.loads(call.arguments_json or "{}")
+            if call.name == "http_request" and args.get("method") == "GET":
+                urls[call.id] = str(args.get("url", ""))
+        if message.role == "tool" and not message.is_error and urls.get(message.tool_call_id) == url:
+            found = _Earlier(seq=seq, content=message.content)
+    return found
 
 
 def _stdout_first_line(result: str) -> str:
@@ -54,6 +90,7 @@ class ScriptedProvider:
         if model != "demo":
             raise FatalProviderError(f"scripted: unknown script {model!r} (available: demo)", status=404)
         task = next((m.content for m in messages if m.role == "user"), "")
+        asked = [i for i, m in enumerate(messages) if m.role == "user"]
         turn = sum(1 for m in messages if m.role == "assistant")
         tool_results = [m for m in messages if m.role == "tool"]
         tokens_in = sum(len(m.content) // 4 for m in messages)
@@ -70,6 +107,8 @@ class ScriptedProvider:
                 response_id=f"scripted-{turn}",
             )
 
+        if len(asked) > 1:
+            return self._follow_up(messages, asked, tools, reply, turn)
         subagents = [
             t["name"]
             for t in tools
@@ -99,6 +138,42 @@ class ScriptedProvider:
             return reply("Stock is available; I'll reserve one unit (this needs approval).", [reserve], 30)
         return reply(self._summary(tool_results), [], 60)
 
+    def _follow_up(
+        self,
+        messages: list[Message],
+        asked: list[int],
+        tools: list[dict[str, Any]],
+        reply: Callable[[str, list[RecordedToolCall], int], ProviderReply],
+        turn: int,
+    ) -> ProviderReply:
+        """A later message of a conversation: fetch again what it asks to re-check, else answer from before."""
+        last = asked[-1]
+        text = messages[last].content
+        number = len(asked)
+        since = [m for m in messages[last:] if m.role == "tool"]
+        earlier_urls = [u for i in asked[:-1] for u in _URL.findall(messages[i].content)]
+        url = next(iter(_URL.findall(text)), "") or (earlier_urls[-1] if _AGAIN.search(text) and earlier_urls else "")
+        url = url.rstrip(".,;:!?)")
+        if url and "http_request" in {t["name"] for t in tools} and not since:
+            fetch = _call(turn, 0, "http_request", {"method": "GET", "url": url})
+            return reply(f"Message {number}: I'll fetch {url} again.", [fetch], 20)
+        if since:
+            lines = [f"Message {number}: here is what I see now:", *self._summary(since).splitlines()[1:]]
+            now = next((m for m in reversed(since) if m.name == "http_request" and not m.is_error), None)
+            before = _earlier_get(messages[:last], url)
+            if now is not None and before is not None:
+                same = _body(now.content) == _body(before.content)
+                lines.append(
+                    f"- unchanged since message {before.seq}"
+                    if same
+                    else f"- in message {before.seq} it returned {_body(before.content)[:200]}"
+                )
+            return reply("\n".join(lines), [], 60)
+        earlier = [m for m in messages[:last] if m.role == "tool"]
+        lines = [f"Message {number}: from earlier in this conversation:", *self._summary(earlier).splitlines()[1:]]
+        lines.append(f"(you asked: {text.strip()[:200]})")
+        return reply("\n".join(lines), [], 40)
+
     @staticmethod
     def _summary(results: list[Message]) -> str:
         lines = ["Done. Here is what I found:"]
@@ -109,8 +184,7 @@ class ScriptedProvider:
                 lines.append(f"- {result.name} was not done: {result.content[:300]}")
             elif result.name == "http_request":
                 status = result.content.splitlines()[0] if result.content else "(no response)"
-                body = result.content.split("\n\n", 1)[1].strip() if "\n\n" in result.content else ""
-                lines.append(f"- the HTTP request returned {status}: {body[:200]}")
+                lines.append(f"- the HTTP request returned {status}: {_body(result.content)[:200]}")
         if len(lines) == 1:
             lines.append("- no tools were needed")
         return "\n".join(lines)
