@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
 
 from activities.settings import WorkerSettings
 from bench.scale.common import dev_server, histories, history_stats, machine, median, pct, queue
@@ -203,7 +203,7 @@ async def _phases(
         await asyncio.sleep(1)
         fresh = rss_kb(worker.proc.pid)["VmRSS"]
         warm = [wid for wid in ids[-WARM_UP:] if wid not in touched] if len(ids) > args.sends + WARM_UP else []
-        await asyncio.gather(*(_send(system, client, wid, "warm", {}, {}) for wid in warm))
+        await asyncio.gather(*(_send(system, client, wid, "warm", _Sends()) for wid in warm))
         await _arrived(clock, [f"warm {wid}" for wid in warm], args.send_timeout)
         restarted = {
             "rss_mb_fresh": round(fresh / 1024, 1),
@@ -217,16 +217,16 @@ async def _phases(
     chosen = rng.sample(candidates, min(args.sends, len(candidates)))
 
     # --- the burst: every send at once ------------------------------------------------------------------
-    sent: dict[str, float] = {}
-    answered: dict[str, float] = {}
+    sends = _Sends()
+    sent, answered = sends.sent, sends.answered
     burst = time.time()
     before = rss_kb(worker.proc.pid)["VmRSS"]
-    await asyncio.gather(*(_send(system, client, wid, "cold", sent, answered) for wid in chosen))
+    await asyncio.gather(*(_send(system, client, wid, "cold", sends) for wid in chosen))
     await _arrived(clock, [f"cold {wid}" for wid in chosen], args.send_timeout)
     after = rss_kb(worker.proc.pid)
     arrivals = {wid: clock.first(f"cold {wid}") for wid in chosen}
     to_model = [at - sent[wid] for wid, at in arrivals.items() if at is not None]
-    rtt = [answered[wid] - sent[wid] for wid in chosen]
+    rtt = [answered[wid] - sent[wid] for wid in chosen if wid in answered]
     calls = [clock.count(f"cold {wid}") for wid in chosen]
     proto = [h["proto_bytes"] for h in hist]
     row: dict[str, Any] = {
@@ -261,6 +261,9 @@ async def _phases(
                 "max": round(max(to_model, default=0), 3),
             },
             "update_round_trip_s": {"p50": round(pct(rtt, 0.5), 3), "p95": round(pct(rtt, 0.95), 3)},
+            "update_rpc_timeouts_resent": sends.rpc_timeouts,
+            "errors": sends.errors[:20],
+            "error_count": len(sends.errors),
         },
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "starting": samples,
@@ -274,20 +277,40 @@ async def _phases(
     return row
 
 
-async def _send(
-    system: str, client: Client, wid: str, kind: str, sent: dict[str, float], answered: dict[str, float]
-) -> None:
+class _Sends:
+    """When each send went out and was answered, the update RPCs that timed out (and were re-sent), failures."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {}
+        self.answered: dict[str, float] = {}
+        self.rpc_timeouts = 0
+        self.errors: list[str] = []
+
+
+async def _send(system: str, client: Client, wid: str, kind: str, sends: _Sends, attempts: int = 5) -> None:
+    """One ``send``; an update RPC that times out (the server gives up waiting for the worker to accept it) is
+    sent again under the same update id, as a front end would, and stays timed from the first try."""
     handle = client.get_workflow_handle(wid)
     text = f"{kind} {wid}"
-    sent[wid] = time.time()
-    if system == "ours":
-        message = SessionMessage(message_id=f"{kind}-{wid}", text=text, sender="bench")
-        result = await handle.execute_update("send", message, result_type=SendResult)
-        if not result.accepted:
-            raise RuntimeError(f"{wid}: {result.reason}: {result.message}")
-    else:
-        await handle.execute_update("send", text, result_type=int)
-    answered[wid] = time.time()
+    sends.sent[wid] = time.time()
+    for attempt in range(attempts):
+        try:
+            if system == "ours":
+                message = SessionMessage(message_id=f"{kind}-{wid}", text=text, sender="bench")
+                result = await handle.execute_update("send", message, id=f"{kind}-{wid}", result_type=SendResult)
+                if not result.accepted:
+                    sends.errors.append(f"{wid}: refused: {result.reason}: {result.message}")
+            else:
+                await handle.execute_update("send", text, id=f"{kind}-{wid}", result_type=int)
+            sends.answered[wid] = time.time()
+            return
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            sends.rpc_timeouts += 1
+            if attempt == attempts - 1:
+                sends.errors.append(f"{wid}: update RPC timed out {attempts} times")
+        except Exception as exc:  # one failed send must not lose the whole burst's figures
+            sends.errors.append(f"{wid}: {exc!r}")
+            return
 
 
 async def _arrived(clock: ModelClock, keys: list[str], within_s: float) -> None:
