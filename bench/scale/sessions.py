@@ -74,6 +74,14 @@ class ModelClock:
             return len(self.arrivals.get(key, []))
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (/proc/<pid>/stat): a figure the shared machine's load
+    stretches less than wall time."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _count_idle(client: Client, task_queue: str) -> int:
     return (await client.count_workflows(f"TaskQueue = '{task_queue}' AND AgentState = 'idle'")).count
 
@@ -168,7 +176,7 @@ async def _phases(
             first_runs[wid] = handle.first_execution_run_id or ""
 
     # --- N sessions, each answering its first message, until all are idle ---------------------------
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_s(worker.proc.pid)
     starting = asyncio.gather(*(start(wid) for wid in ids))
     idle, samples, peak = 0, [], baseline["VmRSS"]
     while True:
@@ -183,7 +191,7 @@ async def _phases(
         if not worker.proc.alive():
             raise RuntimeError(f"worker exited:\n{worker.proc.tail()}")
     await starting
-    idle_s = time.monotonic() - t0
+    idle_s, idle_cpu = time.monotonic() - t0, cpu_s(worker.proc.pid) - cpu0
     await asyncio.sleep(5)  # let the worker settle (cache, pollers) before reading its memory
     idle_rss = rss_kb(worker.proc.pid)
 
@@ -218,12 +226,13 @@ async def _phases(
 
     # --- the burst: every send at once ------------------------------------------------------------------
     sends = _Sends()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     sent, answered = sends.sent, sends.answered
     burst = time.time()
-    before = rss_kb(worker.proc.pid)["VmRSS"]
+    before, burst_cpu0 = rss_kb(worker.proc.pid)["VmRSS"], cpu_s(worker.proc.pid)
     await asyncio.gather(*(_send(system, client, wid, "cold", sends) for wid in chosen))
     await _arrived(clock, [f"cold {wid}" for wid in chosen], args.send_timeout)
-    after = rss_kb(worker.proc.pid)
+    after, burst_cpu = rss_kb(worker.proc.pid), cpu_s(worker.proc.pid) - burst_cpu0
     arrivals = {wid: clock.first(f"cold {wid}") for wid in chosen}
     to_model = [at - sent[wid] for wid, at in arrivals.items() if at is not None]
     rtt = [answered[wid] - sent[wid] for wid in chosen if wid in answered]
@@ -233,6 +242,8 @@ async def _phases(
         "idle": idle,
         "idle_s": round(idle_s, 1),
         "sessions_per_s": round(args.sessions / idle_s, 1),
+        "worker_cpu_s_starting": round(idle_cpu, 1),
+        "worker_cpu_ms_per_session_started": round(1000 * idle_cpu / max(args.sessions, 1), 2),
         "rss_mb": {
             "baseline": round(baseline["VmRSS"] / 1024, 1),
             "idle": round(idle_rss["VmRSS"] / 1024, 1),
@@ -262,9 +273,12 @@ async def _phases(
             },
             "update_round_trip_s": {"p50": round(pct(rtt, 0.5), 3), "p95": round(pct(rtt, 0.95), 3)},
             "update_rpc_timeouts_resent": sends.rpc_timeouts,
+            "worker_cpu_s": round(burst_cpu, 2),
+            "worker_cpu_ms_per_send": round(1000 * burst_cpu / max(len(chosen), 1), 2),
             "errors": sends.errors[:20],
             "error_count": len(sends.errors),
         },
+        "loadavg_before_burst": load_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "starting": samples,
     }
