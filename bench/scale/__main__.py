@@ -24,7 +24,7 @@ from bench.scale import durable, overhead, profile, sessions, throughput, waitin
 from bench.scale.common import write
 from durable_agents import logs
 
-RESULT_NAMES = {"sessions-idle": "sessions_idle"}  # issue 23 names its result file
+RESULT_NAMES = {"sessions-idle": "sessions_idle"}  # the sessions bench keeps its own name
 
 
 def parser() -> argparse.ArgumentParser:
