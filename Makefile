@@ -92,6 +92,7 @@ bench: venv bwrap mcp-servers
 	$(PY) -m bench.scale throughput --runs 100 --turns 10 --workers 3 --rounds 3
 	$(PY) -m bench.scale durable-bytes --turns 200 --kb 10
 	$(PY) -m bench.scale waiting --runs 10000 --approvals 500
+	$(PY) -m bench.scale sessions-idle --sessions 10000 --sends 500
 	$(PY) -m bench.cluster_storm --runs 100 --workers 3 --kills 12 --pg-down 20
 	$(PY) -m bench.encryption --turns 20 --kb 10 --repeat 15
 	$(PY) -m bench.regex_isolation --repeat 7

@@ -4,9 +4,11 @@
     python -m bench.scale throughput --runs 100 --turns 10 --workers 3
     python -m bench.scale waiting --runs 10000 --approvals 500
     python -m bench.scale durable-bytes --turns 200 --kb 10
+    python -m bench.scale sessions-idle --sessions 10000 --sends 500
     python -m bench.scale profile --runs 100 --turns 10 --workers 3
 
-Each writes ``bench/results/scale_<name>.json`` (``--out`` elsewhere) and prints a summary.
+Each writes ``bench/results/scale_<name>.json`` (``sessions-idle``: ``sessions_idle.json``; ``--out``
+elsewhere) and prints a summary.
 The machine is shared, so ours and the floor run interleaved in the same process and dev
 server, and every result records ``os.getloadavg()``. See bench/README.md.
 """
@@ -18,9 +20,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from bench.scale import durable, overhead, profile, throughput, waiting
+from bench.scale import durable, overhead, profile, sessions, throughput, waiting
 from bench.scale.common import write
 from durable_agents import logs
+
+RESULT_NAMES = {"sessions-idle": "sessions_idle"}  # the sessions bench keeps its own name
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,6 +56,24 @@ def parser() -> argparse.ArgumentParser:
         "--max-cached", type=int, default=None, help="the worker's AGENT_MAX_CACHED_WORKFLOWS (default: its own)"
     )
 
+    s = sub.add_parser("sessions-idle", help="N idle sessions on one worker: RSS, cold send -> model call latency")
+    s.add_argument("--sessions", type=int, default=10_000)
+    s.add_argument("--sends", type=int, default=500, help="send updates at once to cold sessions")
+    s.add_argument("--systems", nargs="+", choices=sessions.SYSTEMS, default=list(sessions.SYSTEMS))
+    s.add_argument("--cold", choices=sessions.COLD_MODES, default="restart", help="how the sent-to sessions are cold")
+    s.add_argument(
+        "--no-first-message",
+        dest="first_message",
+        action="store_false",
+        help="start sessions without a task (idle at once, no model call)",
+    )
+    s.add_argument("--start-concurrency", type=int, default=100)
+    s.add_argument("--idle-timeout", type=float, default=3600, help="give up waiting for all to be idle after")
+    s.add_argument("--send-timeout", type=float, default=300)
+    s.add_argument(
+        "--max-cached", type=int, default=None, help="the worker's AGENT_MAX_CACHED_WORKFLOWS (default: its own)"
+    )
+
     d = sub.add_parser("durable-bytes", help="history + run store bytes of one long run vs the floor's history")
     d.add_argument("--turns", type=int, default=200)
     d.add_argument("--kb", type=int, default=10)
@@ -65,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--raw", type=Path, default=None, help="py-spy raw output (default bench/results/...raw.txt)")
     f.add_argument("--summarise-only", action="store_true", help="summarise an existing --raw file")
 
-    for sp in (o, t, w, d, f):
+    for sp in (o, t, w, s, d, f):
         sp.add_argument("--out", type=Path, default=None, help="where to write the JSON result")
         sp.add_argument("--log-level", default="INFO", help="of the in-process workers (JSON lines on stderr)")
     return p
@@ -73,14 +95,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    name = args.bench.replace("-", "_")
+    name = RESULT_NAMES.get(args.bench, "scale_" + args.bench.replace("-", "_"))
     logs.configure(args.log_level, json=True)  # as worker.py does (INFO by default), to stderr
     if args.bench == "profile":
         report = profile.measure(args)
     else:
-        module = {"overhead": overhead, "throughput": throughput, "waiting": waiting, "durable-bytes": durable}
+        module = {
+            "overhead": overhead,
+            "throughput": throughput,
+            "waiting": waiting,
+            "sessions-idle": sessions,
+            "durable-bytes": durable,
+        }
         report = asyncio.run(module[args.bench].measure(args))
-    path = write(f"scale_{name}", report, args.out)
+    path = write(name, report, args.out)
     print(f"load average {report['machine']['loadavg_1_5_15']}; written to {path}")
     return 0
 
