@@ -23,8 +23,9 @@ an encrypted run reads with the same key ring as ``status`` and no run store is 
 
 A fork's own history starts after the steps it copied from its source: those are in the source's
 transcript, not listed again. Progress events are not used: they live in the workflow's state (a
-stream whose older events are dropped), not in history. What reading costs is one ``ListWorkflowExecutions`` plus one history per
-execution, every event of it fetched (``bench/transcript_cost.py`` measures time and bytes).
+stream whose older events are dropped), not in history. What reading costs is one
+``ListWorkflowExecutions`` plus one history per execution, every event of it fetched
+(``bench/transcript_cost.py`` measures time and bytes).
 Output is bounded per entry: tool results and arguments are cut to ``SHORT_CHARS``, texts to
 ``TEXT_CHARS`` in the text rendering.
 """
