@@ -13,6 +13,7 @@ Each case runs ``starter.py`` as a real process against the session's dev server
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from dataclasses import replace
 
@@ -99,6 +100,11 @@ async def test_an_encrypted_run_without_keys_names_the_key_setting(
                     refused = await asyncio.to_thread(starter, keyless, command, workflow_id)
                     line = one_line(refused, 2, "payloads are encrypted (key id test-k1)", "AGENT_PAYLOAD_KEYS")
                     assert "internal error" not in line and "KeyError" not in line, line
+            # list reads each listed run's input to mark sessions: encrypted ones are listed, unmarked, not an error.
+            listing = await asyncio.to_thread(starter, keyless, "list", "--json")
+            assert listing.returncode == 0, listing.stderr
+            listed = {row["workflow_id"]: row for row in json.loads(listing.stdout)}
+            assert finished.id in listed and waiting.id in listed and not listed[waiting.id]["session"]
             status = await asyncio.to_thread(starter, keyed, "status", finished.id)
             assert status.returncode == 0 and "completed" in status.stdout, status.stderr
             watched = await asyncio.to_thread(starter, keyed, "watch", finished.id)

@@ -27,6 +27,7 @@ from temporalio.client import (
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
 from durable_agents.cli.approval_text import approval_summary
 from durable_agents.cli.approvals import QUERY_CONCURRENCY
@@ -261,4 +262,7 @@ async def _agent_state(client: Client, wf: WorkflowExecution) -> str:
     """The agent's state of a listed run: its ``AgentState`` attribute, else (closed runs) its result."""
     if wf.status == WorkflowExecutionStatus.RUNNING:
         return recorded_state(wf.typed_search_attributes) or "running"
-    return await ended_state(client, wf.id, wf.run_id, wf.status, wf.typed_search_attributes)
+    try:
+        return await ended_state(client, wf.id, wf.run_id, wf.status, wf.typed_search_attributes)
+    except PayloadsEncrypted:  # one run this CLI has no keys for does not stop the listing: Temporal's word for it
+        return temporal_state(wf.status)

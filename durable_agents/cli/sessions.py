@@ -34,6 +34,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
 from durable_agents.cli.common import (
     EXIT_RUN,
@@ -154,6 +155,8 @@ async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
     """Whether a listed run is a session; a running one's state and message count from its status query."""
     try:
         inp = await started_input(client, wf.id, wf.run_id)
+    except PayloadsEncrypted:  # a run this CLI has no keys for is listed all the same, unmarked
+        return SessionRow()
     except (RPCError, RPCTimeoutOrCancelledError) as err:
         if isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE:
             raise
@@ -169,7 +172,7 @@ async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
                 AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT
             )
         )
-    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
+    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError, PayloadsEncrypted):
         return SessionRow(True, "", carried)
     return SessionRow(True, view.state, view.messages)
 

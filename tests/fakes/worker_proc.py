@@ -15,6 +15,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -194,15 +195,55 @@ class WorkerProc:
             self._log.close()
 
 
+# The kernel hands out ephemeral ports (bind to 0, outgoing connections) from this range, so a
+# port picked from it can be taken by another test's server before ours binds it.
+_EPHEMERAL = tuple(int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+
+
+def fixed_port() -> int:
+    """A free port outside the ephemeral range, for a server that must come back on the same port."""
+    low, high = (20000, _EPHEMERAL[0] - 1) if _EPHEMERAL[0] > 21000 else (_EPHEMERAL[1] + 1, 65000)
+    for _ in range(200):
+        port = random.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
+def owns_listener(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on ``port`` (``/proc/net/tcp`` state 0A)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                return True
+    return False
+
+
 class DevServer:
     """``temporal server start-dev`` on a SQLite file and a fixed port: killable and restartable on the same state."""
 
     def __init__(self, db_path: Path, log_path: Path, port: int | None = None) -> None:
         self.db_path = db_path
         self.log_path = log_path
-        self.port = port or free_port()
-        self.http_port = free_port()
-        self.metrics_port = free_port()
+        self.port = port or fixed_port()
+        self.http_port = fixed_port()
+        self.metrics_port = fixed_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -231,7 +272,8 @@ class DevServer:
         def up() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"temporal dev server exited with {proc.returncode}: {self.tail()}")
-            return port_open(self.port)
+            # Another process on this port would answer too; only our own listener counts.
+            return port_open(self.port) and owns_listener(proc.pid, self.port)
 
         wait_until(up, timeout, f"the Temporal dev server on port {self.port}", interval=0.1)
         return self

@@ -145,8 +145,12 @@ class LocalSandbox:
             "checking bubblewrap", CREATE_TIMEOUT_S, functools.partial(require_bwrap, backend.uid_base)
         )
         limits = backend.limits
+        monitor = None
         if self.quota_mechanism == quota.MEASURED:
             usage = await self._usage()
+            # A command that starts over the quota may run to delete files: only growing it further stops it.
+            began = usage.used_bytes if usage is not None and not usage.incomplete else 0
+            monitor = functools.partial(self._over_quota, began)
             if usage is not None:  # one file may take at most what is left of the quota
                 limits = dataclasses.replace(
                     limits, fsize_mb=min(limits.fsize_mb, quota.left_mb(usage, limits.disk_mb))
@@ -161,7 +165,7 @@ class LocalSandbox:
             limits=limits,
             running=backend.running,
             sandbox_id=self.sandbox_id,
-            monitor=self._over_quota if self.quota_mechanism == quota.MEASURED else None,
+            monitor=monitor,
             monitor_min_s=quota.MONITOR_MIN_S,
         )
         return await self._after_command(result, limits)
@@ -231,9 +235,12 @@ class LocalSandbox:
             budget_s=quota.MEASURE_BUDGET_S,
         )
 
-    async def _over_quota(self) -> str:
+    async def _over_quota(self, began_bytes: int = 0) -> str:
+        """Why the workspace is over its quota, or ""; not while it holds no more than ``began_bytes``."""
         usage = await self._usage()
-        return quota.over_quota(usage, self._backend.limits.disk_mb) if usage is not None else ""
+        if usage is None or (not usage.incomplete and usage.used_bytes <= began_bytes):
+            return ""
+        return quota.over_quota(usage, self._backend.limits.disk_mb)
 
     # --- files ---
 
