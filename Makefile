@@ -79,7 +79,7 @@ docs-gen: venv
 	$(PY) -m scripts.gen_docs
 
 test: venv bwrap mcp-servers lint deploy-check
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Each writes bench/results/<name>.json. A bench that misses its target exits 1: `make -k bench` runs them all.
 bench: venv bwrap mcp-servers

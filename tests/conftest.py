@@ -1,8 +1,10 @@
 """Shared fixtures: real Temporal servers, a real LLM-speaking HTTP server, a worker per test.
 
-Workflow tests run twice: with the normal workflow cache and with
-``max_cached_workflows=0``, which replays the whole history on every task and so
-catches nondeterminism that a cached run would hide.
+Workflow tests run with the normal workflow cache, and every workflow a test's worker ran is
+then replayed from its history (``replay_task_queue``), which catches nondeterminism that a
+cached run would hide. Modules that exercise the worker's replay path itself override
+``cache_mode`` with ``REPLAY_MODES``: their tests run again with ``max_cached_workflows=0``,
+which replays the whole history on every task.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +21,10 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
+from temporalio.workflow import NondeterminismError
 
 from activities.runtime import Runtime
 from activities.sandbox.local.backend import LocalSandboxBackend
@@ -122,9 +126,37 @@ def settings(tmp_path: Path, llm: FakeLLMServer) -> Settings:
     )
 
 
-@pytest.fixture(params=["cached", "replay"])
+REPLAY_MODES = ["cached", "replay"]
+
+
+@pytest.fixture(params=["cached"])
 def cache_mode(request: pytest.FixtureRequest) -> str:
+    """``cached``, or ``replay`` (no workflow cache) in modules that ask for ``REPLAY_MODES``."""
     return str(request.param)
+
+
+async def replay_task_queue(client: Client, task_queue: str, workflows: Sequence[type] = (AgentWorkflow,)) -> int:
+    """Replay every workflow that ran on ``task_queue`` from its history; return how many replayed.
+
+    Raises on nondeterminism only: a history this converter cannot decode (another test's keys)
+    or of a workflow type not in ``workflows`` is another test's concern.
+    """
+    replayer = Replayer(workflows=list(workflows), data_converter=client.data_converter)
+    replayed = 0
+    try:
+        executions = [wf async for wf in client.list_workflows(f'TaskQueue = "{task_queue}"')]
+    except RPCError:  # the test stopped its server: nothing left to read
+        return 0
+    for execution in executions:
+        try:
+            history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
+        except RPCError:
+            continue
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if isinstance(result.replay_failure, NondeterminismError):
+            raise AssertionError(f"{execution.id} ({execution.run_id}) does not replay: {result.replay_failure}")
+        replayed += 1
+    return replayed
 
 
 WorkerFactory = Callable[..., Any]
@@ -151,6 +183,8 @@ def run_worker(cache_mode: str) -> WorkerFactory:
         worker: Worker = build_worker(client, runtime, task_queue=task_queue, **options)
         async with worker:
             yield task_queue
+        if cache_mode == "cached":
+            await replay_task_queue(client, task_queue)
 
     return start
 
@@ -167,3 +201,13 @@ async def start_agent(
 
 def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
     return Runtime.from_settings(replace(runtime.settings, **changes))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests spread one by one over the xdist workers (``--dist loadgroup``), except that the tests of
+    a module with a module-scoped fixture (a built wheel, a shared worker) stay together, so that
+    fixture is made once."""
+    for item in items:
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" for defs in definitions.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.conftest import WorkerFactory, start_agent, with_settings
+from tests.conftest import REPLAY_MODES, WorkerFactory, start_agent, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
@@ -26,6 +26,12 @@ from workflows.types import (
     RejectSignal,
     StatusView,
 )
+
+
+@pytest.fixture(params=REPLAY_MODES)
+def cache_mode(request: pytest.FixtureRequest) -> str:
+    """The loop itself: each test runs cached and again with no workflow cache (every task replays)."""
+    return str(request.param)
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from durable_agents.cli.common import workflow_not_ready
-from tests.conftest import WorkerFactory, start_agent, with_settings
+from tests.conftest import REPLAY_MODES, WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
 from tests.scenarios import pending_view
@@ -50,6 +50,12 @@ KEY = "junk-signals-key"
 MARK = "BIG-" + uuid.uuid4().hex  # starts every oversized field, to find it in history
 BIG = MARK + "R" * 1_500_000
 ASK_FIRST = {"rules": [{"name": "ask-first", "tool": "always_fails", "decision": "ask"}]}
+
+
+@pytest.fixture(params=REPLAY_MODES)
+def cache_mode(request: pytest.FixtureRequest) -> str:
+    """The loop itself: each test runs cached and again with no workflow cache (every task replays)."""
+    return str(request.param)
 
 
 def raw(data: bytes, encoding: bytes = b"json/plain") -> RawValue:

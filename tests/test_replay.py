@@ -16,10 +16,14 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.crypto.codec import encrypted_converter
+from activities.runtime import Runtime
+from tests.conftest import WorkerFactory, replay_task_queue, start_agent
 from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
+from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow, RunInput
 from workflows.inputs import NO_PAYLOAD, one_payload
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
@@ -94,3 +98,17 @@ async def test_replayer_catches_an_unguarded_change() -> None:
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
     assert result.replay_failure is not None
     assert "nondetermin" in str(result.replay_failure).lower()
+
+
+async def test_every_test_worker_replays_what_it_ran(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """The check ``run_worker`` makes after each test: the runs it ran replay, and a changed loop would not."""
+    llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]))
+    llm.default = Scripted(text="done")
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, task="replay me")
+        assert (await handle.result()).status == "completed"
+    assert await replay_task_queue(dev_env.client, tq) == 1
+    with pytest.raises(AssertionError, match="does not replay"):
+        await replay_task_queue(dev_env.client, tq, workflows=[AgentWorkflowWithAnUnguardedTimer])

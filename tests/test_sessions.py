@@ -16,12 +16,18 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ExtensionSettings
-from tests.conftest import TEMPORAL_CLI, TEST_TOOLS, WorkerFactory, with_settings
+from tests.conftest import REPLAY_MODES, TEMPORAL_CLI, TEST_TOOLS, WorkerFactory, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
 from workflows.types import AgentInput, AgentResult, ForkSpec, StatusView
+
+
+@pytest.fixture(params=REPLAY_MODES)
+def cache_mode(request: pytest.FixtureRequest) -> str:
+    """The loop itself: each test runs cached and again with no workflow cache (every task replays)."""
+    return str(request.param)
 
 
 def chat_requests(llm: FakeLLMServer) -> list[dict[str, Any]]:

@@ -423,10 +423,8 @@ def long_tree_model(body: dict[str, Any]) -> Scripted:
 
 
 async def test_a_tree_of_20_delegations_keeps_every_history_small(
-    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, cache_mode: str
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
-    if cache_mode == "replay":
-        pytest.skip("220 workflow tasks with no cache: covered by the cached run (the replay test covers replays)")
     llm.default = long_tree_model
     modules = (*runtime.settings.extensions.tool_modules, "tests.fakes.slow_tools")
     rt = with_settings(runtime, extensions=ExtensionSettings(tool_modules=modules))

@@ -75,10 +75,8 @@ def thirty_counters(body: dict[str, Any]) -> Scripted:
 
 
 async def test_thirty_concurrent_children_overshoot_the_tree_budget_by_one_turn_at_most(
-    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, cache_mode: str
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
-    if cache_mode == "replay":
-        pytest.skip("31 runs with no cache: the cached run covers the budget (the replay test covers replays)")
     llm.default = thirty_counters
     rt = with_settings(runtime, max_subagent_calls_per_turn=30, max_output_tokens=2000)
     counter = SubagentDef(description="Counts.", system_prompt="You are a counter.", tools=[])
@@ -125,10 +123,8 @@ SPAWNER = SubagentDef(
 
 
 async def test_a_self_delegating_tree_stops_at_the_tree_cap_while_a_run_beside_it_completes(
-    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, cache_mode: str
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
-    if cache_mode == "replay":
-        pytest.skip("a tree of runs with no cache: the cached run covers the cap (the replay test covers replays)")
     llm.default = spawner_model
     cap = 12  # of 155 runs the tree would make under the default AGENT_MAX_DEPTH (5 + 25 + 125)
     rt = with_settings(runtime, max_tree_runs=cap)

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.conftest import WorkerFactory, start_agent
+from tests.conftest import REPLAY_MODES, WorkerFactory, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
 from workflows.types import Limits
+
+
+@pytest.fixture(params=REPLAY_MODES)
+def cache_mode(request: pytest.FixtureRequest) -> str:
+    """The loop itself: each test runs cached and again with no workflow cache (every task replays)."""
+    return str(request.param)
 
 
 def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
