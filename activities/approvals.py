@@ -17,9 +17,10 @@ from typing import Any
 from temporalio import activity
 
 from activities.settings import Settings, bad_file
+from activities.tools.registry import ToolRegistry
 from workflows.identity import decision_signature
 from workflows.policy import Policy
-from workflows.types import SignatureCheck
+from workflows.types import EditCheck, EditChecked, RecordedToolCall, SignatureCheck
 
 
 def load_policy(path: str) -> dict[str, Any]:
@@ -37,8 +38,20 @@ def load_policy(path: str) -> dict[str, Any]:
 
 
 class ApprovalActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tools: ToolRegistry | None = None) -> None:
         self._settings = settings
+        self._tools = tools
+
+    @activity.defn(name="check_edited_call")
+    async def check_edited_call(self, check: EditCheck) -> EditChecked:
+        """A reviewer's arguments validated as the model's would be (argument model, then the tool's precheck)."""
+        if self._tools is None or check.tool not in self._tools.names():
+            return EditChecked(error=f"calls of {check.tool} cannot be edited on this worker")
+        raw = RecordedToolCall(id="edit", name=check.tool, arguments_json=json.dumps(check.arguments))
+        call = self._tools.validate_call(raw, [check.tool], self._settings)
+        if call.error:
+            return EditChecked(error=call.error.removeprefix("Error: "))
+        return EditChecked(arguments=call.arguments)
 
     @activity.defn(name="verify_decision")
     async def verify_decision(self, check: SignatureCheck) -> bool:
@@ -46,6 +59,11 @@ class ApprovalActivities:
         if key is None:
             return False
         expected = decision_signature(
-            key.get_secret_value().encode(), check.approval_id, check.decision, check.reviewer, check.expires_at
+            key.get_secret_value().encode(),
+            check.approval_id,
+            check.decision,
+            check.reviewer,
+            check.expires_at,
+            check.covers,
         )
         return hmac.compare_digest(expected, check.signature)

@@ -111,9 +111,11 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     sandbox = SandboxActivities(runtime.sandbox_backend)
     transcript = TranscriptActivities(runtime)
     mcp = McpActivities(runtime)
+    approvals = ApprovalActivities(runtime.settings, runtime.tools)
     return [
         RunConfigActivities(runtime, snapshots).run_config,
-        ApprovalActivities(runtime.settings).verify_decision,
+        approvals.verify_decision,
+        approvals.check_edited_call,
         model.model,
         transcript.transcript_append,
         CompensationActivities(runtime).compensate,

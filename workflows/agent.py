@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, safe
     from workflows.limits import budget_spent, deadline, limit_reason
     from workflows.narration import cause_text, details_markdown
-    from workflows.policy import Policy, parse_run_policy
+    from workflows.policy import Decision, Policy, decide, parse_run_policy
     from workflows.progress import (
         FORK_OF,
         SEARCH_ATTRIBUTES_PATCH,
@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         RunState,
         SandboxRequest,
         StatusView,
+        ToolCall,
         TranscriptEntry,
         TreeBudget,
         Usage,
@@ -132,6 +133,8 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         )
         if carry is not None:
             self._book.refused, self._book.refused_counts = list(carry.refused), dict(carry.refused_counts)
+            self._book.decisions, self._book.decisions_total = list(carry.decisions), carry.decisions_total
+            self._book.remembered = list(carry.remembered)
         self._operator_policy = Policy()
         self._run_policy: Policy | None = None
         # Sub-agents: the children started (only they may report approvals) and what each waits for.
@@ -155,7 +158,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
     @workflow.query(name="status")
     def status(self) -> StatusView:
         pending = self._pending_in_tree()
-        state: RunState = "waiting_approval" if self._state == "running" and pending else self._state
+        state: RunState = self._state
+        if state == "running" and pending:
+            state = "waiting_human" if any(a.kind == "question" for a in pending) else "waiting_approval"
         return StatusView(
             state=state,
             step=self._step,
@@ -174,6 +179,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             cost_tracked=self._carry.cost_tracked if self._carry else True,
             notes=self._start_notes,
             subagents=sorted(self._live_children),
+            decisions=self._book.decisions,
+            decisions_total=self._book.decisions_total,
+            remembered=self._book.remembered,
             **self._session_view(),
         )
 
@@ -466,6 +474,8 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         self._emit("continued_as_new", f"continuing as new after step {carry.step}")
         carry.stream = await self._reporter.hand_over(SESSION_STREAM_RETAIN if inp.session else STREAM_RETAIN)
         carry.refused, carry.refused_counts = self._book.refused, dict(self._book.refused_counts)
+        carry.decisions, carry.decisions_total = self._book.decisions, self._book.decisions_total
+        carry.remembered = self._book.remembered
         workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 
     async def _model_turn(self, inp: AgentInput, carry: Carry) -> ModelTurn:
@@ -612,12 +622,29 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             cost_usd=self._usage.cost_usd,
         )
 
+    def _policy_of(self, call: ToolCall) -> Decision:
+        return decide(
+            self._operator_policy,
+            self._run_policy,
+            call.name,
+            call.arguments,
+            side_effect=call.side_effect,
+            sandboxed=call.uses_sandbox,
+        )
+
     def _finish(self, status: ResultStatus, output: str) -> AgentResult:
         self._state = status
         self._output = output
         self._emit("finished", f"finished: {status}", status=status)
         checkpoint = self._carry.checkpoint if self._carry else ""
-        return AgentResult(status=status, output=output, usage=self._usage, steps=self._step, checkpoint=checkpoint)
+        return AgentResult(
+            status=status,
+            output=output,
+            usage=self._usage,
+            steps=self._step,
+            checkpoint=checkpoint,
+            decisions=self._book.decisions,
+        )
 
 
 def _checked_policy(raw: dict[str, Any], where: str) -> Policy | None:

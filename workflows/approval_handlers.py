@@ -21,18 +21,27 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.approvals import ALREADY_DECIDED, ApprovalBook, Outcome, Problem, Verdict
+    from workflows.identity import signed_extras
     from workflows.inputs import NO_PAYLOAD, decode, one_payload, quote, safe
+    from workflows.policy import Decision
     from workflows.progress import PUBLISH_SIGNAL, EventKind
     from workflows.types import (
         MAX_CHILD_APPROVALS,
+        AnswerSignal,
         ApproveSignal,
         ChildApprovalsSignal,
         DecideRequest,
         DecideResult,
+        DecisionRecord,
+        EditCheck,
+        EditChecked,
+        ForgetApprovalsSignal,
         PendingApproval,
         RejectSignal,
+        RememberedApproval,
         ResolveSignal,
         SignatureCheck,
+        ToolCall,
     )
 
 # What arrives from outside (signals, the update) is handed over raw and decoded by
@@ -43,8 +52,11 @@ if TYPE_CHECKING:
     ResolveInput = ResolveSignal | RawValue
     DecideInput = DecideRequest | RawValue
     ChildApprovalsInput = ChildApprovalsSignal | RawValue
+    AnswerInput = AnswerSignal | RawValue
+    ForgetInput = ForgetApprovalsSignal | RawValue
 else:
     ApproveInput = RejectInput = ResolveInput = DecideInput = ChildApprovalsInput = RawValue
+    AnswerInput = ForgetInput = RawValue
 
 # Refusals are all counted and the last 20 listed in the status view; the progress stream gets
 # the first REFUSAL_EVENTS of them, then one summary every REFUSAL_EVENT_EVERY, so that a flood
@@ -108,6 +120,35 @@ class ApprovalHandlers:
             return
         fields = decision.model_dump()
         await self._decide(DecideRequest(decision=fields.pop("resolution"), **fields), source="signal")
+
+    @workflow.signal(name="answer")
+    @one_payload
+    async def answer(self, raw: AnswerInput = NO_PAYLOAD, *extra: Any) -> None:
+        decision = decode(raw, AnswerSignal, extra)
+        if isinstance(decision, str):
+            self._refuse("malformed", f"refused answer signal: {decision}")
+            return
+        fields = decision.model_dump()
+        await self._decide(
+            DecideRequest(decision="answer", approval_id=fields.pop("question_id"), **fields), source="signal"
+        )
+
+    @workflow.signal(name="forget_approvals")
+    @one_payload
+    def forget_approvals(self, raw: ForgetInput = NO_PAYLOAD, *extra: Any) -> None:
+        request = decode(raw, ForgetApprovalsSignal, extra)
+        if isinstance(request, str):
+            self._refuse("malformed", f"refused forget_approvals signal: {request}")
+            return
+        forgotten = self._book.forget()
+        who = quote(request.reviewer) if request.reviewer else "someone"
+        self._book.audit(
+            DecisionRecord(
+                approval_id="", kind="remembered", decision="forgotten", reviewer=request.reviewer,
+                at=workflow.now().isoformat(), comment=f"{forgotten} remembered approval(s) forgotten",
+            )
+        )  # fmt: skip
+        self._emit("approval_decided", f"{who} cleared {forgotten} remembered approval(s)")
 
     @workflow.signal(name="child_approvals")
     @one_payload
@@ -200,7 +241,8 @@ class ApprovalHandlers:
             return
         self._refuse(
             "unknown_signal",
-            f"refused signal {quote(name)}: this run has only approve, reject, resolve, message and close",
+            f"refused signal {quote(name)}: this run has only approve, reject, resolve, answer, "
+            "forget_approvals, message and close",
         )
 
     @one_payload
@@ -229,6 +271,7 @@ class ApprovalHandlers:
         problem = self._book.problem(
             request.approval_id, request.decision, request.reviewer, request.signature, workflow.now()
         )
+        problem = problem or self._content_problem(request)
         if problem is not None and problem.kind != ALREADY_DECIDED:
             workflow.logger.warning(
                 "refused %s by %s via update: %s", request.decision, quote(request.reviewer), problem.text
@@ -237,13 +280,16 @@ class ApprovalHandlers:
 
     async def _decide(self, request: DecideRequest, *, source: str) -> DecideResult:
         aid = request.approval_id
-        problem = self._book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
-        if problem is None and self._book.signing_required:
-            problem = await self._signature_problem(request)
-            # The book may have changed while the signature was checked.
-            problem = problem or self._book.problem(
-                aid, request.decision, request.reviewer, request.signature, workflow.now()
-            )
+        book = self._book
+        problem = book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
+        problem = problem or self._content_problem(request)
+        edited: dict[str, Any] | None = None
+        if problem is None and request.arguments is not None:
+            edited, problem = await self._checked_edit(aid, request.arguments)
+        if problem is None and book.signing_required:
+            problem = await self._signature_problem(request, edited)
+        # The book may have changed while an activity checked the edit or the signature.
+        problem = problem or book.problem(aid, request.decision, request.reviewer, request.signature, workflow.now())
         if problem is not None:
             self._refuse(
                 problem.kind,
@@ -253,11 +299,117 @@ class ApprovalHandlers:
             if source == "update" and problem.kind != ALREADY_DECIDED:
                 raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
             return DecideResult(accepted=False, message=problem.text)
+        pending = book.pending[aid]
+        reviewer = request.reviewer
+        if request.decision == "approve":
+            reached = book.count_approval(aid, reviewer, edited)
+            counted = book.pending[aid]
+            edited, reviewer = counted.edited_args, ", ".join(counted.approved_by)
+            if not reached:
+                progress = f"{len(counted.approved_by)}/{counted.approvals_required}"
+                text = f"{aid} approved by {request.reviewer} ({progress}); waiting for more reviewers"
+                self._audit(pending, "counted", request, edits=edited, comment=request.comment)
+                self._emit(
+                    "approval_counted", text, pending.tool, approval_id=aid,
+                    approved=len(counted.approved_by), required=counted.approvals_required,
+                )  # fmt: skip
+                return DecideResult(accepted=True, message=text)
         outcome: Outcome = _OUTCOMES[request.decision]
-        self._book.record(aid, Verdict(outcome, request.reviewer, request.comment))
-        workflow.logger.info("approval %s %s by %s via %s", aid, outcome, request.reviewer, source)
-        self._emit("approval_decided", f"{aid} {outcome} by {request.reviewer}", approval_id=aid, outcome=outcome)
-        return DecideResult(accepted=True, message=f"{aid} {outcome} by {request.reviewer}")
+        note = request.text if request.decision == "answer" else request.comment
+        remembered = self._remember(pending, request, edited) if request.remember else ""
+        book.record(aid, Verdict(outcome, reviewer, note, arguments=edited))
+        self._audit(pending, outcome, request, edits=edited, comment=note, remember=remembered)
+        workflow.logger.info("approval %s %s by %s via %s", aid, outcome, reviewer, source)
+        text = f"{aid} {outcome} by {reviewer}"
+        if edited is not None:
+            text += " with edited arguments"
+        if remembered:
+            text += f"; {remembered}"
+        kind: EventKind = "question_answered" if request.decision == "answer" else "approval_decided"
+        self._emit(kind, text, pending.tool, approval_id=aid, outcome=outcome)
+        return DecideResult(accepted=True, message=text)
+
+    def _content_problem(self, request: DecideRequest) -> Problem | None:
+        """What the decision carries that its approval cannot take (checked once the approval is known)."""
+        pending = self._book.pending.get(request.approval_id)
+        if pending is None:
+            return None
+        if request.decision == "answer":
+            return self._book.answer_problem(request.approval_id, request.text)
+        if request.arguments is not None and (request.decision != "approve" or pending.kind != "tool_call"):
+            return Problem("not_editable", "only an approve of a tool call can carry edited arguments")
+        if request.remember and (request.decision != "approve" or pending.kind != "tool_call"):
+            return Problem("not_rememberable", "only an approve of a tool call can be remembered")
+        return None
+
+    async def _checked_edit(self, aid: str, arguments: dict[str, Any]) -> tuple[dict[str, Any] | None, Problem | None]:
+        """The edited arguments as the tool validates them, or why the edit is refused (the call stays pending)."""
+        call = self._book.calls.get(aid)
+        if call is None or call.mcp is not None:
+            return None, Problem("not_editable", f"the call of approval {aid} cannot be edited")
+        checked = await workflow.execute_local_activity(
+            "check_edited_call",
+            EditCheck(tool=call.name, arguments=arguments),
+            result_type=EditChecked,
+            start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
+            retry_policy=HOUSEKEEPING_RETRY,
+        )
+        if checked.error:
+            return None, Problem("invalid_edit", checked.error)
+        decision = self._policy_of(call.model_copy(update={"arguments": checked.arguments}))
+        if decision.verdict == "deny":
+            return None, Problem("edit_denied", f"policy denies the edited call (rule {decision.rule})")
+        pending = self._book.pending[aid]
+        if decision.approvals > pending.approvals_required:  # the edited call may need more reviewers
+            self._book.pending[aid] = pending.model_copy(update={"approvals_required": decision.approvals})
+        return checked.arguments, None
+
+    def _remember(self, pending: PendingApproval, request: DecideRequest, edited: dict[str, Any] | None) -> str:
+        """Remember the approval for later calls; the text says what was remembered or why it was not."""
+        if request.remember == "tool" and not self._book.remember_tool_allowed.get(pending.approval_id, True):
+            reason = f"remember tool refused: rule {pending.rule} does not let every {pending.tool} call be approved"
+            self._refuse("remember_refused", f"{pending.approval_id}: {reason}", approval_id=pending.approval_id)
+            return reason
+        self._book.remember(
+            RememberedApproval(
+                tool=pending.tool,
+                scope="tool" if request.remember == "tool" else "call",
+                args=None if request.remember == "tool" else (edited if edited is not None else pending.args),
+                reviewer=request.reviewer,
+                approval_id=pending.approval_id,
+                at=workflow.now().isoformat(),
+            )
+        )
+        what = f"every later {pending.tool} call" if request.remember == "tool" else "identical calls"
+        return f"remembered for {what}"
+
+    def _audit(
+        self,
+        pending: PendingApproval,
+        decision: str,
+        request: DecideRequest,
+        *,
+        edits: dict[str, Any] | None = None,
+        comment: str = "",
+        remember: str = "",
+    ) -> None:
+        self._book.audit(
+            DecisionRecord(
+                approval_id=pending.approval_id,
+                kind=pending.kind,
+                tool=pending.tool,
+                decision=decision,
+                reviewer=request.reviewer,
+                at=workflow.now().isoformat(),
+                comment=comment,
+                edits=edits,
+                remember=remember,
+                step=pending.step,
+            )
+        )
+
+    def _policy_of(self, call: ToolCall) -> Decision:
+        raise NotImplementedError  # AgentWorkflow's: the run's policy for one call
 
     def _refuse(self, kind: str, message: str, approval_id: str = "", event: EventKind = "decision_refused") -> None:
         """List and count the refusal; log it and tell the progress stream, both throttled.
@@ -292,7 +444,7 @@ class ApprovalHandlers:
     def _reset_refusal_lines(self) -> None:
         self._refusal_lines = 0
 
-    async def _signature_problem(self, request: DecideRequest) -> Problem | None:
+    async def _signature_problem(self, request: DecideRequest, edited: dict[str, Any] | None) -> Problem | None:
         approval = self._book.pending[request.approval_id]
         check = SignatureCheck(
             approval_id=request.approval_id,
@@ -300,6 +452,10 @@ class ApprovalHandlers:
             reviewer=request.reviewer,
             expires_at=approval.expires_at,
             signature=request.signature,
+            # An edit is signed as the reviewer sent it; the tool's validation may only normalise it.
+            covers=signed_extras(
+                request.arguments if edited is not None else None, text=request.text, remember=request.remember
+            ),
         )
         valid = await workflow.execute_local_activity(
             "verify_decision",
@@ -334,4 +490,5 @@ _OUTCOMES: dict[str, Outcome] = {
     "retry": "retry",
     "mark_done": "mark_done",
     "fail": "fail",
+    "answer": "answered",
 }

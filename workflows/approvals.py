@@ -9,16 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+from workflows.identity import canonical_json
 from workflows.inputs import quote
-from workflows.types import PendingApproval
+from workflows.types import (
+    MAX_DECISIONS_KEPT,
+    MAX_REMEMBERED,
+    DecisionRecord,
+    PendingApproval,
+    RememberedApproval,
+    ToolCall,
+)
 
-Outcome = Literal["approved", "rejected", "expired", "retry", "mark_done", "fail"]
+Outcome = Literal["approved", "rejected", "expired", "retry", "mark_done", "fail", "answered"]
 # Which decisions answer which kind of approval.
 DECISIONS = {
     "tool_call": ("approve", "reject"),
     "resolve_unknown_outcome": ("retry", "mark_done", "fail"),
+    "question": ("answer",),
 }
 
 
@@ -36,8 +45,10 @@ class Problem(NamedTuple):
 @dataclass(frozen=True)
 class Verdict:
     outcome: Outcome
-    reviewer: str = ""
-    note: str = ""  # comment on approval, reason on rejection
+    reviewer: str = ""  # who decided (a quorum: every approver, comma-separated)
+    note: str = ""  # comment on approval, reason on rejection, the answer to a question
+    arguments: dict[str, Any] | None = None  # the call as a reviewer edited it (None: as the model made it)
+    remembered: bool = False  # approved by an approval remembered from an earlier call
 
 
 class ApprovalBook:
@@ -49,6 +60,11 @@ class ApprovalBook:
         self.decided: dict[str, Verdict] = {}
         self.refused: list[str] = []
         self.refused_counts: dict[str, int] = {}
+        self.remember_tool_allowed: dict[str, bool] = {}  # approval id -> whether ``remember tool`` may be granted
+        self.remembered: list[RememberedApproval] = []
+        self.decisions: list[DecisionRecord] = []  # the audit, newest last (bounded)
+        self.decisions_total = 0
+        self.calls: dict[str, ToolCall] = {}  # approval id -> the call as the model made it (edits re-check it)
 
     def open(self, approval: PendingApproval, expires_at: datetime) -> None:
         self.pending[approval.approval_id] = approval
@@ -80,7 +96,63 @@ class ApprovalBook:
                 "unsigned",
                 "this worker requires signed decisions (AGENT_APPROVAL_KEY); the decision carried no signature",
             )
+        pending = self.pending[approval_id]
+        if decision == "approve" and reviewer in pending.approved_by:
+            return Problem(
+                "already_counted",
+                f"{quote(reviewer)} already approved {approval_id} "
+                f"({len(pending.approved_by)}/{pending.approvals_required}); a quorum needs distinct reviewers",
+            )
         return None
+
+    def answer_problem(self, approval_id: str, text: str) -> Problem | None:
+        """Why an answer does not answer the question (outside its options when free text is off)."""
+        question = self.pending[approval_id]
+        if not text.strip():
+            return Problem("empty_answer", "an answer needs text")
+        if question.options and not question.allow_free_text and text not in question.options:
+            return Problem(
+                "not_an_option",
+                f"{quote(text)} is not one of the options ({', '.join(quote(o) for o in question.options)})",
+            )
+        return None
+
+    def count_approval(self, approval_id: str, reviewer: str, arguments: dict[str, Any] | None) -> bool:
+        """Count one reviewer's approval; True when the quorum is reached (the call may run).
+
+        An edit changes the call the earlier approvers saw, so it starts the count again from its editor.
+        """
+        pending = self.pending[approval_id]
+        approved_by = [*pending.approved_by, reviewer]
+        edited = pending.edited_args
+        if arguments is not None and (edited is None or canonical_json(arguments) != canonical_json(edited)):
+            approved_by, edited = [reviewer], arguments
+        self.pending[approval_id] = pending.model_copy(update={"approved_by": approved_by, "edited_args": edited})
+        return len(approved_by) >= pending.approvals_required
+
+    # --- remembered approvals ------------------------------------------------------------
+
+    def remembered_for(self, tool: str, args: dict[str, Any]) -> RememberedApproval | None:
+        """The remembered approval that covers this call, if any (``tool`` scope, or identical arguments)."""
+        canonical = canonical_json(args)
+        for entry in self.remembered:
+            if entry.tool == tool and (entry.scope == "tool" or canonical_json(entry.args) == canonical):
+                return entry
+        return None
+
+    def remember(self, entry: RememberedApproval) -> None:
+        if self.remembered_for(entry.tool, entry.args or {}) is None or entry.scope == "tool":
+            self.remembered = [*self.remembered, entry][-MAX_REMEMBERED:]
+
+    def forget(self) -> int:
+        forgotten, self.remembered = len(self.remembered), []
+        return forgotten
+
+    # --- the audit -----------------------------------------------------------------------
+
+    def audit(self, record: DecisionRecord) -> None:
+        self.decisions = [*self.decisions, record][-MAX_DECISIONS_KEPT:]
+        self.decisions_total += 1
 
     def refuse(self, kind: str, message: str) -> None:
         """Keep the last ``REFUSED_KEPT`` messages (bounded by their makers) and count every refusal."""
@@ -93,6 +165,7 @@ class ApprovalBook:
 
     def record(self, approval_id: str, verdict: Verdict) -> None:
         self.pending.pop(approval_id, None)
+        self.calls.pop(approval_id, None)
         self.decided[approval_id] = verdict
 
     def expire(self, approval_id: str) -> None:
@@ -104,3 +177,6 @@ class ApprovalBook:
 
     def views(self) -> list[PendingApproval]:
         return list(self.pending.values())
+
+    def questions_pending(self) -> bool:
+        return any(a.kind == "question" for a in self.pending.values())

@@ -43,13 +43,40 @@ def sandbox_id_for(conversation_id: str) -> str:
     return "sbx-" + _digest("sandbox", conversation_id)[:20]
 
 
-def decision_signature(key: bytes, approval_id: str, decision: str, reviewer: str, expires_at: str) -> str:
+def decision_signature(
+    key: bytes,
+    approval_id: str,
+    decision: str,
+    reviewer: str,
+    expires_at: str,
+    covers: dict[str, Any] | None = None,
+) -> str:
     """HMAC-SHA256 over the decision, as ``starter.py`` signs and the worker verifies it.
 
     Binding ``expires_at`` means a signature cannot be replayed onto a later
-    approval of the same call.
+    approval of the same call. ``covers`` binds what else the decision carries (an
+    edit's ``arguments``, an answer's ``text``, a ``remember`` scope; see
+    :func:`signed_extras`): a signature made for the call as the model made it does
+    not verify for an edited one.
     """
-    message = canonical_json(
-        {"approval_id": approval_id, "decision": decision, "reviewer": reviewer, "expires_at": expires_at}
-    ).encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    fields: dict[str, Any] = {
+        "approval_id": approval_id,
+        "decision": decision,
+        "reviewer": reviewer,
+        "expires_at": expires_at,
+    }
+    if covers:
+        fields["covers"] = covers
+    return hmac.new(key, canonical_json(fields).encode(), hashlib.sha256).hexdigest()
+
+
+def signed_extras(arguments: dict[str, Any] | None = None, text: str = "", remember: str = "") -> dict[str, Any]:
+    """What a decision's signature covers besides the decision itself (empty for a plain one)."""
+    extras: dict[str, Any] = {}
+    if arguments is not None:
+        extras["arguments"] = arguments
+    if text:
+        extras["text"] = text
+    if remember:
+        extras["remember"] = remember
+    return extras

@@ -5,6 +5,9 @@ Pure functions of workflow state, safe to call from workflow code.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from temporalio.exceptions import ActivityError
 
 from workflows.call_view import call_lines
@@ -12,6 +15,7 @@ from workflows.identity import canonical_json
 from workflows.types import Message, StatusView, ToolCall
 
 DETAILS_WIDTH = 100  # the Temporal UI scrolls a code block's long lines out of view: wrapped at this width
+EDIT_NOTE_CHARS = 2000  # of the edited arguments the model is shown
 EXCHANGE_PREVIEW = 600  # characters of a session's last message and reply in its current details
 
 
@@ -90,3 +94,15 @@ def _wrapped(text: str, limit: int) -> list[str]:
     for line in cut.splitlines() or [""]:
         lines += [line[i : i + DETAILS_WIDTH] for i in range(0, max(len(line), 1), DETAILS_WIDTH)]
     return lines[:20]
+
+
+def edit_note(reviewer: str, original: dict[str, Any], edited: dict[str, Any]) -> str:
+    """What the model reads before the result of a call a reviewer changed: who, and which arguments."""
+    changed = sorted(k for k in {*original, *edited} if original.get(k) != edited.get(k))
+    shown = json.dumps({k: edited.get(k) for k in changed}, sort_keys=True, default=str)
+    if len(shown) > EDIT_NOTE_CHARS:
+        shown = shown[: EDIT_NOTE_CHARS - 1] + "…"
+    return (
+        f"Note: a reviewer ({reviewer}) changed this call's arguments before it ran; it ran with "
+        f"{', '.join(changed) or 'the same arguments'} set to {shown}."
+    )

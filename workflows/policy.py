@@ -55,6 +55,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, field_valida
 from pydantic_core import PydanticCustomError
 from temporalio import workflow
 
+from workflows.human_types import MAX_QUORUM
 from workflows.known_keys import TOLERATE_UNKNOWN, KnownKeys
 from workflows.patterns import Pattern, PatternError
 
@@ -75,6 +76,10 @@ class PolicyRule(KnownKeys):
     allow_only: dict[str, list[str]] = Field(default_factory=dict)
     decision: Verdict
     approval_timeout_s: int | None = Field(default=None, ge=1)
+    approvals: int = Field(default=1, ge=1, le=MAX_QUORUM)  # distinct reviewers who must approve a call it asks for
+    # Whether a reviewer may approve every later call of the tool at once (``--remember tool``); None: the
+    # default (no for ``http_request`` with a method other than GET/HEAD, yes otherwise).
+    remember: bool | None = None
     _when: list[tuple[str, Pattern]] = PrivateAttr(default_factory=list)
     _allow_only: dict[str, list[Pattern]] = PrivateAttr(default_factory=dict)
 
@@ -165,6 +170,13 @@ class Decision(BaseModel):
     verdict: Verdict
     rule: str
     approval_timeout_s: int = DEFAULT_APPROVAL_TIMEOUT_S
+    approvals: int = 1  # distinct reviewers who must approve (``ask``)
+    remember_tool: bool = True  # whether ``--remember tool`` may be granted for this call
+
+
+def default_remember(tool: str, args: dict[str, Any]) -> bool:
+    """``remember tool`` unless the call is an HTTP request that may change something."""
+    return not (tool == "http_request" and str(args.get("method", "GET")).upper() not in ("GET", "HEAD"))
 
 
 def _first_match(
@@ -194,28 +206,41 @@ def decide(
 ) -> Decision:
     """The verdict for one call and the rule that decided it (``sandboxed``: the tool runs in the run's sandbox)."""
     found = _first_match(operator.rules, "operator", tool, args) or _first_match(BUILTIN_RULES, "builtin", tool, args)
+    remember = default_remember(tool, args)
     if found is not None:
         rule, label = found
         decision = Decision(
             verdict=rule.verdict_for(args),
             rule=label,
             approval_timeout_s=rule.approval_timeout_s or operator.approval_timeout_s,
+            approvals=rule.approvals,
+            remember_tool=remember if rule.remember is None else rule.remember,
         )
     else:
         verdict, name = default_rule(side_effect=side_effect, sandboxed=sandboxed)
-        decision = Decision(verdict=verdict, rule=name, approval_timeout_s=operator.approval_timeout_s)
+        decision = Decision(
+            verdict=verdict, rule=name, approval_timeout_s=operator.approval_timeout_s, remember_tool=remember
+        )
     if run is None:
         return decision
     timeout = min(decision.approval_timeout_s, run.approval_timeout_s)
     tightened = _first_match(run.rules, "run", tool, args)
-    if tightened is not None and _STRICTNESS[tightened[0].verdict_for(args)] > _STRICTNESS[decision.verdict]:
-        rule, label = tightened
+    if tightened is None:
+        return decision.model_copy(update={"approval_timeout_s": timeout})
+    rule, label = tightened
+    # A run's rule only tightens: a stricter verdict, more reviewers, no remembering the tool.
+    stricter = {
+        "approvals": max(decision.approvals, rule.approvals),
+        "remember_tool": decision.remember_tool and rule.remember is not False,
+    }
+    if _STRICTNESS[rule.verdict_for(args)] > _STRICTNESS[decision.verdict]:
         return Decision(
             verdict=rule.verdict_for(args),
             rule=label,
             approval_timeout_s=min(timeout, rule.approval_timeout_s or timeout),
+            **stricter,
         )
-    return decision.model_copy(update={"approval_timeout_s": timeout})
+    return decision.model_copy(update={"approval_timeout_s": timeout, **stricter})
 
 
 def parse_run_policy(raw: dict[str, Any]) -> Policy | None:

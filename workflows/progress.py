@@ -27,6 +27,10 @@ EventKind = Literal[
     "approval_requested",
     "approval_decided",
     "decision_refused",
+    # humans beyond yes/no
+    "question_asked",  # the model asked a human (data: approval_id, options)
+    "question_answered",  # a human answered it (data: approval_id, reviewer), or it expired
+    "approval_counted",  # one approval of a quorum (data: approval_id, approved, required)
     "continued_as_new",
     "rewound",
     "finished",

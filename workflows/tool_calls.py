@@ -18,11 +18,13 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 from workflows.approvals import ApprovalBook
 from workflows.delegation import Delegator, capped_calls, child_workflow_id
 from workflows.identity import approval_id, idempotency_key, sandbox_id_for
-from workflows.narration import cause_text, tool_error, tool_summary
+from workflows.narration import cause_text, edit_note, tool_error, tool_summary
 from workflows.policy import Decision, Policy, decide
+from workflows.questions import Questions
 from workflows.types import (
     AgentInput,
     Carry,
+    DecisionRecord,
     Message,
     ModelTurn,
     PendingApproval,
@@ -56,6 +58,7 @@ class ToolCallRunner:
         self.operator_policy = operator_policy
         self.run_policy = run_policy
         self.delegator = Delegator(on_usage, on_child, on_child_ended)
+        self.questions = Questions(book, emit)
         self.sandbox_failure = ""
 
     @property
@@ -77,7 +80,7 @@ class ToolCallRunner:
         decisions: dict[str, Decision] = {}
         for call in turn.tool_calls:
             if not call.error:
-                verdict = decisions[call.id] = self._policy_for(call)
+                verdict = decisions[call.id] = self._remembered(carry, call, self._policy_for(call))
                 text = f"turn {carry.step}: {tool_summary(call)} → {verdict.verdict} (rule {verdict.rule})"
                 self.emit("tool_decided", text, call.name, verdict=verdict.verdict, rule=verdict.rule)
         approvals = {
@@ -133,8 +136,16 @@ class ToolCallRunner:
         refusal = call.error
         if not refusal and decisions[call.id].verdict == "deny":
             refusal = f"Error: policy denied {call.name} (rule {decisions[call.id].rule}); it was not run."
+        note = ""
         if not refusal and call.id in approvals:
             refusal = await self._await_approval(carry, call, approvals[call.id])
+            edited = self.book.decided[approvals[call.id]].arguments
+            if not refusal and edited is not None:  # the call runs as the reviewer changed it
+                note = edit_note(self.book.decided[approvals[call.id]].reviewer, call.arguments, edited)
+                call = call.model_copy(update={"arguments": edited})
+        if not refusal and call.human:
+            await self.questions.ask(inp, carry, call, decisions[call.id], seq)
+            return
         if not call.subagent:
             refusal = refusal or await self._ensure_sandbox(inp, carry, call)
         if refusal:
@@ -150,7 +161,7 @@ class ToolCallRunner:
         if call.subagent:
             await self._delegate(inp, carry, call, index, seq)
         else:
-            await self._execute_tool(inp, carry, call, decisions[call.id], index, seq)
+            await self._execute_tool(inp, carry, call, decisions[call.id], index, seq, note)
 
     async def _delegate(self, inp: AgentInput, carry: Carry, call: ToolCall, index: int, seq: int) -> None:
         """Run the sub-agent as a child ``AgentWorkflow``; its output becomes the call's result."""
@@ -167,6 +178,26 @@ class ToolCallRunner:
             ok=ok,
             preview=preview[:200],
         )
+
+    def _remembered(self, carry: Carry, call: ToolCall, decision: Decision) -> Decision:
+        """An ``ask`` an earlier approval of this run already answered (``remember``) is allowed."""
+        if decision.verdict != "ask" or call.subagent or call.human:
+            return decision
+        entry = self.book.remembered_for(call.name, call.arguments)
+        if entry is None:
+            return decision
+        self.book.audit(
+            DecisionRecord(
+                approval_id=entry.approval_id,
+                tool=call.name,
+                decision="remembered",
+                reviewer=entry.reviewer,
+                at=workflow.now().isoformat(),
+                comment=f"approved by {entry.reviewer}'s remembered approval ({entry.scope})",
+                step=carry.step,
+            )
+        )
+        return decision.model_copy(update={"verdict": "allow", "rule": f"remembered:{entry.approval_id}"})
 
     def _policy_for(self, call: ToolCall) -> Decision:
         return decide(
@@ -200,9 +231,12 @@ class ToolCallRunner:
                 step=carry.step,
                 call_id=call.id,
                 kind=kind,
+                approvals_required=decision.approvals if kind == "tool_call" else 1,
             ),
             expires_at,
         )
+        self.book.calls[aid] = call
+        self.book.remember_tool_allowed[aid] = decision.remember_tool
         workflow.logger.info("approval %s requested for %s (rule %s)", aid, call.name, decision.rule)
         return aid
 
@@ -234,7 +268,7 @@ class ToolCallRunner:
         return f"Error: approval {aid} for {call.name} expired at {expired_at} without a decision; it was not run."
 
     async def _execute_tool(
-        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, index: int, seq: int
+        self, inp: AgentInput, carry: Carry, call: ToolCall, decision: Decision, index: int, seq: int, note: str = ""
     ) -> None:
         workflow_id = workflow.info().workflow_id
         key = idempotency_key(carry.key_scope or workflow_id, carry.step, index, call.name, call.arguments)
@@ -256,6 +290,7 @@ class ToolCallRunner:
             side_effect=call.side_effect,
             checkpoints=call.uses_sandbox,
             checkpoint=carry.checkpoint,
+            reviewer_note=note,
         )
         outcome = await self._invoke(call, invocation)
         self._adopt_checkpoint(carry, outcome)

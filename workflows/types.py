@@ -24,6 +24,18 @@ from pydantic_core import InitErrorDetails, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
+from workflows.human_types import ASK_HUMAN as ASK_HUMAN
+from workflows.human_types import MAX_DECISIONS_KEPT as MAX_DECISIONS_KEPT
+from workflows.human_types import MAX_REMEMBERED as MAX_REMEMBERED
+from workflows.human_types import AnswerSignal as AnswerSignal
+from workflows.human_types import AskHumanArgs as AskHumanArgs
+from workflows.human_types import DecisionRecord as DecisionRecord
+from workflows.human_types import EditCheck as EditCheck
+from workflows.human_types import EditChecked as EditChecked
+from workflows.human_types import ForgetApprovalsSignal as ForgetApprovalsSignal
+from workflows.human_types import Remember as Remember
+from workflows.human_types import RememberedApproval as RememberedApproval
+from workflows.human_types import bounded_arguments
 from workflows.known_keys import KnownKeys
 from workflows.session_types import SessionCarry, SessionSpec
 
@@ -58,7 +70,9 @@ MAX_TURN_CHILD_INPUT_BYTES = 2 * 1024 * 1024
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 # ``idle``: a session waiting for its next message.
-RunState = Literal["running", "waiting_approval", "idle", "completed", "failed", "cancelled", "limit_exceeded"]
+RunState = Literal[
+    "running", "waiting_approval", "waiting_human", "idle", "completed", "failed", "cancelled", "limit_exceeded"
+]
 ResultStatus = Literal["completed", "failed", "cancelled", "limit_exceeded"]
 
 
@@ -197,6 +211,10 @@ class Carry(BaseModel):
     # that a session woken under the same workflow id after it ended never meets its earlier keys.
     # "" (every run): the workflow id.
     key_scope: str = Field(default="", max_length=1200)
+    # Humans in the loop: the audit of decisions and the approvals that stand for later calls.
+    decisions: list[DecisionRecord] = Field(default_factory=list, max_length=MAX_DECISIONS_KEPT)
+    decisions_total: int = 0
+    remembered: list[RememberedApproval] = Field(default_factory=list, max_length=MAX_REMEMBERED)
     # The step the current message's work began after (sessions): ``max_steps`` counts from here.
     message_step: int = Field(default=0, ge=0, le=10**6)
     # Epoch seconds the current message's work began (sessions): ``timeout_s`` counts from here (0: started_at).
@@ -318,6 +336,7 @@ class AgentResult(BaseModel):
     usage: Usage  # what the run and its sub-agents spent
     steps: int  # model turns taken
     checkpoint: str = ""  # the workspace checkpoint the run ended with (a sandbox-sharing sub-agent's parent adopts it)
+    decisions: list[DecisionRecord] = Field(default_factory=list)  # the run's decisions (as ``status`` lists them)
 
 
 class PendingApproval(BaseModel):
@@ -330,7 +349,14 @@ class PendingApproval(BaseModel):
     rule: str = ""  # the policy rule that asked
     step: int = 0  # the model turn the call belongs to
     call_id: str = ""  # the model's id of the call
-    kind: str = "tool_call"  # tool_call, or resolve_unknown_outcome (a side effect whose worker died mid-call)
+    # tool_call; resolve_unknown_outcome (a side effect whose worker died mid-call); question (``ask_human``)
+    kind: str = "tool_call"
+    question: str = ""  # a question's text (kind question)
+    options: list[str] = Field(default_factory=list)  # the answers it offers (empty: free text)
+    allow_free_text: bool = True  # whether an answer outside ``options`` is accepted
+    approvals_required: int = 1  # distinct reviewers who must approve (a policy rule's ``approvals``)
+    approved_by: list[str] = Field(default_factory=list)  # who approved so far (a quorum not yet reached)
+    edited_args: dict[str, Any] | None = None  # the arguments a reviewer set, awaiting the rest of a quorum
     # "": this run's own approval. Else a sub-agent's, as that sub-agent reported it (relayed,
     # unverified: decide it with the run named here, which shows its own entry).
     workflow_id: str = ""
@@ -354,6 +380,11 @@ class ApproveSignal(BaseModel):
     reviewer: Name  # who decides (must be in the run's approvers when it has any)
     comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    # The call as the reviewer changed it (validated against the tool's arguments, policy checked again).
+    arguments: dict[str, Any] | None = None
+    remember: Remember = ""  # approve identical calls (``call``) or every call of the tool (``tool``) from now on
+
+    _bounded = field_validator("arguments")(bounded_arguments)
 
 
 class RejectSignal(BaseModel):
@@ -365,7 +396,7 @@ class RejectSignal(BaseModel):
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
 
 
-DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail"]
+DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail", "answer"]
 
 
 class ResolveSignal(BaseModel):
@@ -382,14 +413,20 @@ class DecideRequest(BaseModel):
     """Payload of the ``decide`` update: one semantics with the signals, but the caller gets an answer.
 
     ``approve``/``reject`` answer a tool-call approval; ``retry``/``mark_done``/``fail``
-    answer an unknown outcome (kind ``resolve_unknown_outcome``).
+    answer an unknown outcome (kind ``resolve_unknown_outcome``); ``answer`` answers a
+    question (kind ``question``, ``approval_id`` the question's id, ``text`` the answer).
     """
 
-    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval decided
-    decision: DecisionKind  # approve/reject a tool call; retry/mark_done/fail an unknown outcome
+    approval_id: str = Field(max_length=MAX_APPROVAL_ID_CHARS)  # the approval (or question) decided
+    decision: DecisionKind  # approve/reject a tool call; retry/mark_done/fail an unknown outcome; answer
     reviewer: Name  # who decides (must be in the run's approvers when it has any)
     comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    text: str = Field(default="", max_length=MAX_NOTE_CHARS)  # the answer (decision ``answer``)
+    arguments: dict[str, Any] | None = None  # approve the call with these arguments instead (an edit)
+    remember: Remember = ""  # with ``approve``: remember it for identical calls or for the tool
+
+    _bounded = field_validator("arguments")(bounded_arguments)
 
 
 class DecideResult(BaseModel):
@@ -403,6 +440,9 @@ class SignatureCheck(BaseModel):
     reviewer: str
     expires_at: str
     signature: str
+    # What else the signature covers (``workflows.identity.decision_signature``): an edit's arguments,
+    # an answer's text, a remembered scope. Empty: an old-style signature over the decision alone.
+    covers: dict[str, Any] = Field(default_factory=dict)
 
 
 class StatusView(BaseModel):
@@ -435,6 +475,10 @@ class StatusView(BaseModel):
     last_message_at: str = ""  # when the newest message was taken, ISO 8601
     queued: int = 0  # messages taken and not yet handed to the model
     last_message: str = ""  # the newest message, a preview of at most 500 characters
+    # Every decision made in the run, newest last (at most MAX_DECISIONS_KEPT; ``decisions_total`` counts all).
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+    decisions_total: int = 0
+    remembered: list[RememberedApproval] = Field(default_factory=list)  # approvals that stand for later calls
 
 
 # --- transcript -----------------------------------------------------------------
@@ -534,6 +578,7 @@ class ToolCall(BaseModel):
     heartbeat_s: int = 0
     compensable: bool = False
     subagent: bool = False  # a delegation to the sub-agent of this name (a child run), not a tool activity
+    human: bool = False  # ``ask_human``: the run asks a person and waits for the answer (no activity)
     mcp: McpTarget | None = None  # a tool of an operator's MCP server (run by the ``mcp`` activity)
 
 
@@ -578,6 +623,8 @@ class ToolInvocation(BaseModel):
     # without checkpoints decode as False).
     checkpoints: bool = False
     checkpoint: str = ""  # the checkpoint the workspace must hold before the tool runs ("": an empty workspace)
+    # Said to the model before the tool's result: a reviewer changed the call's arguments (and how).
+    reviewer_note: str = ""
 
 
 class ToolOutcome(BaseModel):

@@ -99,6 +99,8 @@ async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> To
         text, is_error = execution.text, execution.is_error
     else:
         text, is_error = await execute(spec, runtime, inv)
+    if inv.reviewer_note:  # the model must know the call it made is not the call that ran
+        text = f"{inv.reviewer_note}\n\n{text}"
     result = Message(role="tool", content=text, tool_call_id=inv.call_id, name=spec.name, is_error=is_error)
     meta: dict[str, object] = {"run": activity.info().workflow_run_id}
     if workspace is not None and workspace.checkpoint:

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from activities.modules import import_extension
 from activities.settings import ConfigurationError, Settings
 from activities.tools.spec import ToolSpec, spec_of
-from workflows.types import MAX_TASK_CHARS, MCP_PREFIX, RecordedToolCall, ToolCall
+from workflows.types import ASK_HUMAN, MAX_TASK_CHARS, MCP_PREFIX, RecordedToolCall, ToolCall
+
+HUMAN_MODULE = "activities.tools.human"  # where the built-in ask_human is declared
 
 MAX_ARGUMENTS_BYTES = 64 * 1024
 # Activity types the runtime registers itself; a tool's activity type is its name, so these are taken.
@@ -28,6 +30,7 @@ RESERVED_NAMES = frozenset(
         "run_config",
         "compensate",
         "verify_decision",
+        "check_edited_call",
         "transcript_append",
         "sandbox_create",
         "sandbox_kill",
@@ -154,7 +157,8 @@ class ToolRegistry:
             return ToolCall(
                 id=raw.id, name=raw.name, error=f"Error: {raw.name} refused: {refusal}. It was not run.", **flags
             )
-        return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), **flags)
+        human = raw.name == ASK_HUMAN and spec.fn.__module__ == HUMAN_MODULE  # the workflow answers it
+        return ToolCall(id=raw.id, name=raw.name, arguments=model.model_dump(mode="json"), human=human, **flags)
 
 
 class SubagentArgs(BaseModel):
