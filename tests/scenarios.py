@@ -22,7 +22,16 @@ from temporalio.client import Client, WorkflowHandle
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, ApproveSignal, ForkSpec, Limits, RejectSignal, StatusView
+from workflows.types import (
+    AgentInput,
+    AgentResult,
+    AnswerSignal,
+    ApproveSignal,
+    ForkSpec,
+    Limits,
+    RejectSignal,
+    StatusView,
+)
 
 Handle = WorkflowHandle[AgentWorkflow, AgentResult]
 Scenario = Callable[[Client, str, FakeLLMServer, HttpSink, str], Awaitable[Handle]]
@@ -145,12 +154,51 @@ async def mcp_tools(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink,
     return handle
 
 
+def humans_settings(tmp: Path) -> dict[str, Any]:
+    rule = {"name": "two-eyes", "tool": "http_request", "when": {"url": "/pay"}, "decision": "ask", "approvals": 2}
+    policy = tmp / "policy.json"
+    policy.write_text(json.dumps({"rules": [rule]}))
+    return {"policy_file": str(policy)}
+
+
+async def humans(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """A question answered, an edited approval remembered for identical calls, then a quorum of two."""
+    order = {"method": "POST", "url": f"{sink.url}/orders"}
+    llm.enqueue(
+        Scripted(tool_calls=[("ask_human", json.dumps({"question": "Which sku?", "options": ["1", "3"]}))]),
+        Scripted(tool_calls=[("http_request", json.dumps({**order, "json": {"sku": 1}}))]),
+        Scripted(tool_calls=[("http_request", json.dumps({**order, "json": {"sku": 3}}))]),  # the edit: remembered
+        Scripted(tool_calls=[("http_request", json.dumps({"method": "POST", "url": f"{sink.url}/pay"}))]),
+        Scripted(text="ordered and paid"),
+    )
+    handle = await _start(client, tq, wid, task="order and pay")
+    [question] = await _pending_ids(handle, 1)
+    await handle.signal("answer", AnswerSignal(question_id=question, reviewer="alice", text="3"))
+    [approval] = [a for a in (await pending_view(handle)).pending_approvals if a.approval_id != question]
+    edited = {**approval.args, "json": {"sku": 3}}
+    await handle.signal(
+        AgentWorkflow.approve,
+        ApproveSignal(approval_id=approval.approval_id, reviewer="alice", arguments=edited, remember="call"),
+    )
+    for _ in range(400):
+        view = await handle.query(AgentWorkflow.status)
+        if [a for a in view.pending_approvals if a.tool == "http_request" and a.args["url"].endswith("/pay")]:
+            break
+        await asyncio.sleep(0.05)
+    [pay] = [a.approval_id for a in view.pending_approvals]
+    await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=pay, reviewer="alice"))
+    await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=pay, reviewer="bob"))
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools_and_errors": tools_and_errors,
     "approvals": approvals,
     "limit_exceeded": limit_exceeded,
     "fork": fork,
     "mcp_tools": mcp_tools,
+    "humans": humans,
 }
 
-SETTINGS: dict[str, SettingsChanges] = {"mcp_tools": mcp_time_settings}
+SETTINGS: dict[str, SettingsChanges] = {"mcp_tools": mcp_time_settings, "humans": humans_settings}
