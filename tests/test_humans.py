@@ -20,6 +20,7 @@ from tests.conftest import REPLAY_MODES, WorkerFactory, start_agent, with_settin
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_approvals import decide, pending, post, sink, tool_results
+from tests.test_sessions import replied, send, start_session
 from workflows.agent import AgentWorkflow
 from workflows.identity import idempotency_key
 from workflows.types import AgentResult, AnswerSignal, ApproveSignal, DecideRequest, ForgetApprovalsSignal
@@ -234,3 +235,25 @@ async def test_a_quorum_of_two_distinct_reviewers(
     assert result.status == "completed"
     assert len(sink.writes()) == 1
     assert [(d.decision, d.reviewer) for d in result.decisions] == [("counted", "alice"), ("approved", "bob")]
+
+
+async def test_a_message_to_a_session_does_not_answer_its_question(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(
+        Scripted(tool_calls=[ask("Shall I go on?", ["yes", "no"], free=False)]),
+        Scripted(text="going on"),
+        Scripted(text="and the second message"),
+    )
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_session(dev_env, tq, task="start")
+        [question] = (await pending(handle)).pending_approvals
+        sent = await send(handle, "yes")  # a message, not an answer: queued behind the work it waits in
+        assert sent.accepted
+        view = await handle.query(AgentWorkflow.status)
+        assert view.state == "waiting_human" and view.queued == 1
+        assert [a.approval_id for a in view.pending_approvals] == [question.approval_id]
+        await handle.signal("answer", AnswerSignal(question_id=question.approval_id, reviewer="me", text="no"))
+        view = await replied(handle, 2)
+    assert tool_results(llm, 1) == ["no"]
+    assert view.decisions[0].comment == "no"
