@@ -59,10 +59,10 @@ class ForgetApprovalsSignal(BaseModel):
 class RememberedApproval(BaseModel):
     """An approval that stands for later calls of this run (``--remember call`` or ``tool``)."""
 
-    tool: str
-    scope: Literal["call", "tool"]
+    tool: str  # the tool it approves
+    scope: Literal["call", "tool"]  # identical calls only, or every call of the tool
     args: dict[str, Any] | None = None  # for ``call``: the canonical arguments it matches
-    reviewer: str = ""
+    reviewer: str = ""  # who approved it
     approval_id: str = ""  # the decision it came from
     at: str = ""  # ISO 8601
 
@@ -70,16 +70,16 @@ class RememberedApproval(BaseModel):
 class DecisionRecord(BaseModel):
     """One decision of the run's audit: what was decided, by whom, when, and with what changes."""
 
-    approval_id: str
+    approval_id: str  # the approval or question decided ("" for a forget_approvals)
     kind: str = "tool_call"  # tool_call, question, resolve_unknown_outcome
-    tool: str = ""
+    tool: str = ""  # the tool of the call decided
     decision: str = ""  # approved, rejected, expired, answered, retry, mark_done, fail, remembered, counted
-    reviewer: str = ""
-    at: str = ""  # ISO 8601
+    reviewer: str = ""  # who decided
+    at: str = ""  # when, ISO 8601
     comment: str = ""  # a comment, a rejection's reason, or the answer to a question
     edits: dict[str, Any] | None = None  # the arguments a reviewer set (None: the call as the model made it)
     remember: str = ""  # the scope remembered ("call" / "tool"), or why remembering was refused
-    step: int = 0
+    step: int = 0  # the model turn of the call
 
 
 class EditCheck(BaseModel):
