@@ -23,7 +23,16 @@ from tests.test_approvals import decide, pending, post, sink, tool_results
 from tests.test_sessions import replied, send, start_session
 from workflows.agent import AgentWorkflow
 from workflows.identity import idempotency_key
-from workflows.types import AgentResult, AnswerSignal, ApproveSignal, DecideRequest, ForgetApprovalsSignal
+from workflows.narration import details_markdown
+from workflows.types import (
+    AgentResult,
+    AnswerSignal,
+    ApproveSignal,
+    DecideRequest,
+    ForgetApprovalsSignal,
+    PendingApproval,
+    StatusView,
+)
 
 __all__ = ["sink"]  # a fixture, used by name
 
@@ -257,3 +266,20 @@ async def test_a_message_to_a_session_does_not_answer_its_question(
         view = await replied(handle, 2)
     assert tool_results(llm, 1) == ["no"]
     assert view.decisions[0].comment == "no"
+
+
+def test_the_ui_details_show_a_question_with_its_options_and_a_quorum() -> None:
+    question = PendingApproval(
+        approval_id="q_1", tool="ask_human", args={}, requested_at="t0", expires_at="t1", kind="question",
+        question="Which region?", options=["eu", "us"], allow_free_text=False,
+    )  # fmt: skip
+    payment = PendingApproval(
+        approval_id="ap_2", tool="http_request", args={"method": "POST", "url": "https://pay.example/x"},
+        requested_at="t0", expires_at="t1", approvals_required=2, approved_by=["alice"],
+    )  # fmt: skip
+    view = StatusView(state="waiting_human", step=1, pending_approvals=[question, payment])
+    markdown = details_markdown("run-1", view, [])
+    assert "**waiting for an answer** `q_1`" in markdown
+    assert "    Which region?" in markdown and "    1. eu" in markdown and "    2. us" in markdown
+    assert '`durable-agents answer run-1 q_1 "TEXT"` (one of the options)' in markdown
+    assert "**waiting for approval** `ap_2`" in markdown and "approved 1/2 by alice" in markdown

@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError
 
 from workflows.call_view import call_lines
 from workflows.identity import canonical_json
-from workflows.types import Message, StatusView, ToolCall
+from workflows.types import Message, PendingApproval, StatusView, ToolCall
 
 DETAILS_WIDTH = 100  # the Temporal UI scrolls a code block's long lines out of view: wrapped at this width
 EDIT_NOTE_CHARS = 2000  # of the edited arguments the model is shown
@@ -70,10 +70,19 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
         verbs = "approve|reject" if approval.kind == "tool_call" else "resolve --as retry|mark_done|fail"
         owner = approval.workflow_id or workflow_id
         relayed = f" · reported by sub-agent run `{owner}` (its own status shows it)" if owner != workflow_id else ""
+        if approval.kind == "question":
+            lines += _question_lines(owner, approval, relayed)
+            continue
+        quorum = (
+            f" · approved {len(approval.approved_by)}/{approval.approvals_required}"
+            + (f" by {', '.join(approval.approved_by)}" if approval.approved_by else "")
+            if approval.approvals_required > 1
+            else ""
+        )
         lines += [
             "",
             f"**waiting for approval** `{approval.approval_id}` · rule {approval.rule} · "
-            f"expires {approval.expires_at}{relayed}",
+            f"expires {approval.expires_at}{quorum}{relayed}",
             "",
             # an indented code block: nothing in the call can close it, and long lines are wrapped
             *(f"    {line}" for line in call_lines(approval.tool, approval.args, width=DETAILS_WIDTH)),
@@ -85,6 +94,21 @@ def details_markdown(workflow_id: str, view: StatusView, recent_refusals: list[s
     for refusal in recent_refusals:
         lines += ["", f"**refused** {refusal}"]
     return "\n".join(lines)
+
+
+def _question_lines(owner: str, question: PendingApproval, relayed: str) -> list[str]:
+    """A pending ``ask_human`` question: the question, its options, and the command that answers it."""
+    offered = [f"    {n}. {option}" for n, option in enumerate(question.options, start=1)]
+    free = "any answer" if question.allow_free_text else "one of the options"
+    return [
+        "",
+        f"**waiting for an answer** `{question.approval_id}` · expires {question.expires_at}{relayed}",
+        "",
+        *(f"    {line}" for line in _wrapped(question.question, 2000)),
+        *(["", *offered] if offered else []),
+        "",
+        f'`durable-agents answer {owner} {question.approval_id} "TEXT"` ({free})',
+    ]
 
 
 def _wrapped(text: str, limit: int) -> list[str]:
