@@ -127,7 +127,10 @@ async def test_an_approval_in_message_2_waits_and_a_message_sent_meanwhile_is_an
         assert meanwhile.seq == 3
         view = await status(handle)
         assert view.state == "waiting_approval" and view.queued == 1  # taken, waiting for the next model turn
-        assert view.pending_approvals == [approval]  # a new message leaves the approval pending
+        # A new message leaves the approval pending: the same call, still waiting.
+        assert [(a.approval_id, a.tool, a.args, a.expires_at) for a in view.pending_approvals] == [
+            (approval.approval_id, approval.tool, approval.args, approval.expires_at)
+        ], (view.pending_approvals, approval)
         assert len(chat(llm)) == 2  # no model turn ran for it while the approval waits
 
         await handle.signal(AgentWorkflow.approve, ApproveSignal(approval_id=approval.approval_id, reviewer="alice"))
