@@ -75,6 +75,8 @@ async def test_a_question_with_options_refuses_other_answers_and_hands_the_answe
         assert "not an approver" in why
         # A signal that answers wrongly is refused and counted; the question still waits.
         await handle.signal("answer", AnswerSignal(question_id=qid, reviewer="alice", text="moon"))
+        await handle.signal("answer", {"question_id": qid, "reviewer": "alice"})  # no text: malformed
+        await handle.signal("answer", {"question_id": qid, "reviewer": "alice", "text": "x" * 5000})  # too long
         answered = await decide(handle, DecideRequest(approval_id=qid, decision="answer", reviewer="alice", text="eu"))
         assert answered.accepted
         result = await handle.result()
@@ -82,6 +84,8 @@ async def test_a_question_with_options_refuses_other_answers_and_hands_the_answe
     assert result.status == "completed" and result.output == "eu it is"
     assert tool_results(llm, 1) == ["eu"]  # verbatim, at the call's place
     assert status.refused_counts.get("not_an_option") == 1
+    assert status.refused_counts.get("malformed") == 2
+    assert any("refused answer signal: text:" in line for line in status.refused)
     [record] = [d for d in result.decisions if d.approval_id == qid]
     assert record.kind == "question" and record.decision == "answered" and record.reviewer == "alice"
     assert record.comment == "eu"
