@@ -287,3 +287,30 @@ def test_the_ui_details_show_a_question_with_its_options_and_a_quorum() -> None:
     assert "    Which region?" in markdown and "    1. eu" in markdown and "    2. us" in markdown
     assert '`durable-agents answer run-1 q_1 "TEXT"` (one of the options)' in markdown
     assert "**waiting for approval** `ap_2`" in markdown and "approved 1/2 by alice" in markdown
+
+
+@pytest.mark.parametrize("cache_mode", ["cached"], indirect=True)
+async def test_a_remembered_approval_lasts_across_a_sessions_continue_as_new(
+    can_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, sink: HttpSink
+) -> None:
+    llm.enqueue(
+        Scripted(tool_calls=[post(sink, 7)]),
+        Scripted(text="ordered"),
+        Scripted(tool_calls=[post(sink, 7)]),  # message 2, after continue-as-new: identical, remembered
+        Scripted(text="ordered again"),
+    )
+    async with run_worker(can_env.client, runtime) as tq:
+        handle = await start_session(can_env, tq, task="order 7")
+        [approval] = (await pending(handle)).pending_approvals
+        await decide(
+            handle, DecideRequest(approval_id=approval.approval_id, decision="approve", reviewer="r", remember="call")
+        )
+        await replied(handle, 1)
+        first_run = (await handle.describe()).run_id
+        await send(handle, "again")
+        view = await replied(handle, 2)
+        current = (await handle.describe()).run_id
+    assert current != first_run  # the server suggested continue-as-new between the messages
+    assert len(sink.writes()) == 2
+    assert [(r.tool, r.scope) for r in view.remembered] == [("http_request", "call")]
+    assert [d.decision for d in view.decisions] == ["approved", "remembered"]
