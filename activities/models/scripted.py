@@ -4,7 +4,8 @@ It reads the transcript like a model would and plays a fixed plan: write a
 Python file and run it in the sandbox, fetch the first URL in the task with an
 HTTP GET (when the task has one), POST a reservation to ``<url>/reservations``
 when the task asks to reserve (a side effect, so policy asks for approval),
-then answer with what it saw. The same
+then answer with what it saw. When the task also says "ask me", it first asks how many
+to reserve with ``ask_human`` (options 1, 2, 3) and reserves the number answered. The same
 transcript always yields the same reply.
 
 Follow-up messages (a session's second message and later, the last user entry of the transcript):
@@ -41,6 +42,7 @@ print(f"primes below 60: {len(primes)}, mean {statistics.mean(primes):.2f}, larg
 _URL = re.compile(r"https?://[^\s'\"<>]+")
 _DELEGATE = re.compile(r"(?i)\bdelegat\w*\s*")
 _AGAIN = re.compile(r"(?i)\bagain\b")
+_ASK_ME = re.compile(r"(?i)\bask me\b")
 SUBAGENT_ARGS_TITLE = "SubagentArgs"  # the schema title of a sub-agent's arguments (see activities.tools.registry)
 
 
@@ -131,9 +133,15 @@ class ScriptedProvider:
         if can_http and http_calls == 0:
             fetch = _call(turn, 0, "http_request", {"method": "GET", "url": url})
             return reply(f"Now I'll fetch {url}.", [fetch], 20)
+        answers = [m for m in tool_results if m.name == "ask_human"]
         if can_http and http_calls == 1 and "reserve" in task.lower():
+            if _ASK_ME.search(task) and "ask_human" in available and not answers:
+                question = {"question": "How many units should I reserve?", "options": ["1", "2", "3"]}
+                return reply("I'll ask how many to reserve.", [_call(turn, 0, "ask_human", question)], 20)
+            answered = answers[-1].content.strip() if answers and not answers[-1].is_error else ""
+            quantity = int(answered) if answered.isdigit() else 1
             # A write: policy asks a human before it runs.
-            body = {"method": "POST", "url": f"{url}/reservations", "json": {"quantity": 1}}
+            body = {"method": "POST", "url": f"{url}/reservations", "json": {"quantity": quantity}}
             reserve = _call(turn, 0, "http_request", body)
             return reply("Stock is available; I'll reserve one unit (this needs approval).", [reserve], 30)
         return reply(self._summary(tool_results), [], 60)
