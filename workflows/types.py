@@ -213,7 +213,7 @@ class Carry(BaseModel):
     key_scope: str = Field(default="", max_length=1200)
     # Humans in the loop: the audit of decisions and the approvals that stand for later calls.
     decisions: list[DecisionRecord] = Field(default_factory=list, max_length=MAX_DECISIONS_KEPT)
-    decisions_total: int = 0
+    decisions_total: int = 0  # every decision made in the run (``decisions`` keeps the newest)
     remembered: list[RememberedApproval] = Field(default_factory=list, max_length=MAX_REMEMBERED)
     # The step the current message's work began after (sessions): ``max_steps`` counts from here.
     message_step: int = Field(default=0, ge=0, le=10**6)
@@ -477,7 +477,7 @@ class StatusView(BaseModel):
     last_message: str = ""  # the newest message, a preview of at most 500 characters
     # Every decision made in the run, newest last (at most MAX_DECISIONS_KEPT; ``decisions_total`` counts all).
     decisions: list[DecisionRecord] = Field(default_factory=list)
-    decisions_total: int = 0
+    decisions_total: int = 0  # every decision made in the run (``decisions`` keeps the newest)
     remembered: list[RememberedApproval] = Field(default_factory=list)  # approvals that stand for later calls
 
 
