@@ -43,7 +43,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import Decision, add_run_options, load_run_policy, running_view, send_decision
+from durable_agents.cli.approvals import add_run_options, load_run_policy, running_view
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUERY_TIMEOUT,
@@ -58,6 +58,7 @@ from durable_agents.cli.common import (
     positive_int,
     warn_when_no_worker,
 )
+from durable_agents.cli.decisions import Decision, send_decision
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.owners import owned, tree
 from durable_agents.cli.watch import EventPrinter, events, mode_for
