@@ -208,7 +208,19 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
             if not value:
                 print(f"{'cost':>18}: not tracked (the model has no price): set AGENT_PRICES")
         else:
-            print(f"{key:>18}: {value}")
+            print(f"{key:>18}: {_text(key, value)}")
+
+
+def _text(key: str, value: Any) -> str:
+    """A status value as text: usage as tokens and cost, other objects and lists as their items."""
+    if isinstance(value, dict) and key.endswith("usage"):
+        cost = float(value.get("cost_usd") or 0)
+        return f"{value.get('input_tokens', 0)} in / {value.get('output_tokens', 0)} out tokens, ${cost:.4f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    return str(value)
 
 
 async def cmd_cancel(client: Client, args: argparse.Namespace, settings: Settings) -> int:
