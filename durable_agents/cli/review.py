@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import SecretStr
@@ -171,17 +172,7 @@ class FollowReviewer:
         print(f"\nquestion{where}: {question.approval_id} (step {question.step})")
         print("\n".join(f"  {line}" for line in question_lines(question)))
         print(f"  may answer: {who_decides(question)}   expires in: {time_left(question.expires_at)}", flush=True)
-        prompt = "answer (an option's number or text): " if question.options else "answer: "
-        if question.options and not question.allow_free_text:
-            prompt = f"answer (1-{len(question.options)}): "
-        while True:
-            text = (await _ask(prompt)).strip()
-            if text.isdigit() and 1 <= int(text) <= len(question.options):
-                text = question.options[int(text) - 1]
-            elif question.options and not question.allow_free_text and text not in question.options:
-                continue  # only the options are accepted: ask again
-            if text:
-                break
+        text = await read_answer(question, _ask)
         try:
             line = await send_decision(
                 self.client,
@@ -200,6 +191,22 @@ class FollowReviewer:
             print(f"  to answer it otherwise: {answer}", flush=True)
         else:
             print(line, flush=True)
+
+
+async def read_answer(question: PendingApproval, ask: Callable[[str], Awaitable[str]]) -> str:
+    """Prompt until the answer is one the question takes: an option's number or text, or (when the
+    question allows it) any text."""
+    prompt = "answer (an option's number or text): " if question.options else "answer: "
+    if question.options and not question.allow_free_text:
+        prompt = f"answer (1-{len(question.options)}): "
+    while True:
+        text = (await ask(prompt)).strip()
+        if text.isdigit() and 1 <= int(text) <= len(question.options):
+            return question.options[int(text) - 1]
+        if question.options and not question.allow_free_text and text not in question.options:
+            continue  # only the options are accepted: ask again
+        if text:
+            return text
 
 
 async def _ask(prompt: str) -> str:
