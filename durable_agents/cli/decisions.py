@@ -230,6 +230,8 @@ def outcome_text(
     if progress is not None:
         done, needed = int(progress.group(1)), int(progress.group(2))
         lines.append(f"  {done}/{needed} approvals: the call waits for {needed - done} more reviewer(s) before it runs")
+        if extras.remember:
+            lines.append(f"  --remember {extras.remember} was not kept: the approval that completes the quorum sets it")
     at = message.find("; remember")
     if at >= 0:
         remembered = message[at + 2 :]
