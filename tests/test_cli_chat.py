@@ -348,6 +348,19 @@ def test_n_rejects_the_call_and_the_model_is_told(setup: Setup) -> None:
     assert "rejected in chat by nina" in tool_result["content"], tool_result
 
 
+def test_a_question_the_model_asks_is_answered_in_the_chat(setup: Setup) -> None:
+    ask = json.dumps({"question": "Which drink?", "options": ["tea", "coffee"], "allow_free_text": False})
+    setup.llm.enqueue(Scripted(tool_calls=[("ask_human", ask)]), Scripted(text="coffee it is"))
+    before = len(setup.chat_bodies())
+    chat = _chat_piped(setup, "--reviewer", "nina", lines="what should I drink?\nwater\n2\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "    asks: Which drink?\n    options: 1) tea  2) coffee  (only these" in chat.stdout, chat.stdout
+    assert chat.stdout.count("answer (1-2): ") == 2, chat.stdout  # "water" is not an option: asked again
+    assert "(Which drink?) as nina: coffee" in chat.stdout and "agent> coffee it is" in chat.stdout, chat.stdout
+    [tool_result] = [m for m in setup.chat_bodies()[before:][-1]["messages"] if m["role"] == "tool"]
+    assert tool_result["content"] == "coffee", tool_result
+
+
 def test_ctrl_c_mid_turn_and_joining_a_session_at_work(setup: Setup) -> None:
     setup.held.held, setup.held.text = True, "worth the wait"
     setup.held.release.clear()

@@ -25,6 +25,7 @@ from durable_agents.cli.watch import EventPrinter, watch
 from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually
 from workflows.progress import ProgressEvent
 from workflows.types import AgentResult, Limits
 
@@ -102,23 +103,36 @@ async def test_watch_shows_approvals_with_the_commands(
             workflow_id = await start(dev_env.client, tq)
             out = io.StringIO()
             approved = asyncio.Event()
+            deciding: list[asyncio.Task[None]] = []
 
-            async def decide(offset: int, event: ProgressEvent) -> None:
+            async def approve_once_shown(approval_id: str) -> None:
+                # The commands are printed while the approval waits: decide once they are on the screen.
+                await eventually(lambda: f"reject {workflow_id} {approval_id}" in out.getvalue(), "the commands")
+                await dev_env.client.get_workflow_handle(workflow_id).signal(
+                    "approve", {"approval_id": approval_id, "reviewer": "wendy"}
+                )
+                approved.set()
+
+            def decide(offset: int, event: ProgressEvent) -> None:
                 if event.kind == "approval_requested":
-                    approval_id = event.data["approval_id"]
-                    await dev_env.client.get_workflow_handle(workflow_id).signal(
-                        "approve", {"approval_id": approval_id, "reviewer": "wendy"}
-                    )
-                    approved.set()
+                    deciding.append(asyncio.create_task(approve_once_shown(event.data["approval_id"])))
 
             await asyncio.wait_for(watch(dev_env.client, workflow_id, json_lines=False, on_event=decide, file=out), 30)
+            await asyncio.gather(*deciding)
+            # Watched again once the run has ended: the same events, no command for what nobody waits for.
+            later = io.StringIO()
+            await asyncio.wait_for(watch(dev_env.client, workflow_id, json_lines=False, file=later), 30)
+    assert " approval_requested: " in later.getvalue() and "approved by wendy" in later.getvalue()
+    assert "reject " not in later.getvalue() and "temporal workflow signal" not in later.getvalue(), later.getvalue()
     assert approved.is_set()
     text = out.getvalue()
     lines = text.splitlines()
     [request] = [i for i, line in enumerate(lines) if " approval_requested: " in line]
-    assert lines[request + 1].strip().startswith(cli_command(f"approve {workflow_id} ap_"))
-    assert "temporal workflow signal --workflow-id" in lines[request + 2]
-    assert lines[request + 3].strip().startswith(cli_command(f"reject {workflow_id} ap_"))
+    assert lines[request + 1].strip() == f"http_request POST {sink.url}/orders"  # the call it waits for, then
+    commands = next(i for i in range(request, len(lines)) if cli_command(f"approve {workflow_id}") in lines[i])
+    assert lines[commands].strip().startswith(cli_command(f"approve {workflow_id} ap_"))
+    assert "temporal workflow signal --workflow-id" in lines[commands + 1]
+    assert lines[commands + 2].strip().startswith(cli_command(f"reject {workflow_id} ap_"))
     assert any(" approval_decided: " in line and "approved by wendy" in line for line in lines), text
     assert lines[-1].endswith("finished: finished: completed")
 

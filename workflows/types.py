@@ -212,13 +212,9 @@ class Carry(BaseModel):
     # "" (every run): the workflow id.
     key_scope: str = Field(default="", max_length=1200)
     # Humans in the loop: the audit of decisions and the approvals that stand for later calls.
-    decisions: list[DecisionRecord] = Field(
-        default_factory=list, max_length=MAX_DECISIONS_KEPT
-    )  # the audit so far (newest last)
-    decisions_total: int = 0  # decisions made in all (the audit keeps the newest)
-    remembered: list[RememberedApproval] = Field(
-        default_factory=list, max_length=MAX_REMEMBERED
-    )  # approvals that stand for later calls
+    decisions: list[DecisionRecord] = Field(default_factory=list, max_length=MAX_DECISIONS_KEPT)
+    decisions_total: int = 0  # every decision made in the run (``decisions`` keeps the newest)
+    remembered: list[RememberedApproval] = Field(default_factory=list, max_length=MAX_REMEMBERED)
     # The step the current message's work began after (sessions): ``max_steps`` counts from here.
     message_step: int = Field(default=0, ge=0, le=10**6)
     # Epoch seconds the current message's work began (sessions): ``timeout_s`` counts from here (0: started_at).
@@ -480,8 +476,8 @@ class StatusView(BaseModel):
     queued: int = 0  # messages taken and not yet handed to the model
     last_message: str = ""  # the newest message, a preview of at most 500 characters
     # Every decision made in the run, newest last (at most MAX_DECISIONS_KEPT; ``decisions_total`` counts all).
-    decisions: list[DecisionRecord] = Field(default_factory=list)  # the audit: every decision, newest last
-    decisions_total: int = 0  # decisions made in all (``decisions`` keeps the newest)
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+    decisions_total: int = 0  # every decision made in the run (``decisions`` keeps the newest)
     remembered: list[RememberedApproval] = Field(default_factory=list)  # approvals that stand for later calls
 
 

@@ -1,9 +1,9 @@
 """The approval commands of ``starter.py``: approve / reject / resolve / pending, and ``run``'s approval options.
 
-Decisions go through the ``decide`` update, so the caller learns at once whether
-a decision took effect (refusals come back with the run's reason). With
-``AGENT_APPROVAL_KEY`` set (``settings.approval_key``), decisions are signed
-(``workflows.identity.decision_signature``) for workers that require signed ones.
+Decisions go through the ``decide`` update (:mod:`durable_agents.cli.decisions`), so
+the caller learns at once whether a decision took effect (refusals come back with the
+run's reason). With ``AGENT_APPROVAL_KEY`` set (``settings.approval_key``), decisions
+are signed (``workflows.identity.decision_signature``) for workers that require signed ones.
 
 ``pending`` without a run id finds the waiting runs by the ``AgentPendingApprovals``
 search attribute, so it sees every one of them however many runs are running:
@@ -21,9 +21,9 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
@@ -32,13 +32,11 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
 )
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.approval_text import deciding, pending_lines, pending_row
+from durable_agents.cli.approval_text import deciding, edited_lines, pending_lines, pending_row
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUERY_TIMEOUT,
@@ -48,40 +46,28 @@ from durable_agents.cli.common import (
     NoAnswer,
     ask_status,
     bounded,
-    cli_command,
     describe_run,
     ended_state,
-    interrupt_state,
     list_runs,
     no_answer_reason,
     no_worker_line,
-    on_interrupt,
     poller_count,
     positive_int,
-    restore_interrupt,
     start_worker_hint,
 )
+from durable_agents.cli.decisions import Decision, Extras, decide_request, edit_object, send_decision
 from durable_agents.cli.owners import Owned, owned, tree, unconfirmed
 from workflows.agent import AgentWorkflow
-from workflows.call_view import call_head
-from workflows.identity import decision_signature
+from workflows.approvals import DECISIONS
 from workflows.policy import parse_run_policy
 from workflows.progress import PENDING_APPROVALS
-from workflows.types import DecideRequest, DecideResult, PendingApproval, StatusView
+from workflows.types import StatusView
 
-Decision = Literal["approve", "reject", "retry", "mark_done", "fail"]
 RUNNING_AGENTS = "WorkflowType = 'AgentWorkflow' AND ExecutionStatus = 'Running'"
 WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
 DECIDE_TIMEOUT = timedelta(seconds=30)
 QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
 PENDING_LIMIT = 100  # waiting runs `pending` shows by default (it says how many more wait)
-# DecideRequest fields → the arguments that set them
-_DECISION_FIELDS = {
-    "approval_id": "the approval id",
-    "reviewer": "--reviewer",
-    "comment": "--comment or --reason",
-    "signature": "the signature",
-}
 
 
 # --- argument parsing ----------------------------------------------------------------
@@ -95,6 +81,20 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
         parser.add_argument("approval_id", nargs="?", help="optional when the run waits for exactly one approval")
         parser.add_argument("--reviewer", required=True, help="your name (checked against the run's approvers)")
     approve.add_argument("--comment", default="", help="a note recorded with the approval")
+    approve.add_argument(
+        "--edit",
+        type=edit_object,
+        metavar="JSON",
+        help="approve the call with changed arguments: a JSON object whose top-level keys replace the call's "
+        """(merged: '{"json": {"sku": "B2"}}' changes only the body of an http_request); the run validates """
+        "the edited call and checks its policy again (refused: the call stays pending)",
+    )
+    approve.add_argument(
+        "--remember",
+        choices=["call", "tool"],
+        help="call: also approve identical calls later in the run; tool: every later call of the tool "
+        "(refused, the approval standing, where the rule does not allow it: http_request writes by default)",
+    )
     reject.add_argument("--reason", required=True, help="why; the model is told")
 
     resolve = sub.add_parser(
@@ -346,26 +346,39 @@ async def _waiting_views(
 
 
 async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide_command(client, args, settings, "approve", args.comment)
+    extras = Extras(edit=args.edit, remember=args.remember or "")
+    return await decide_command(client, args, settings, "approve", args.comment, extras)
 
 
 async def cmd_reject(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     if not args.reason.strip():
         raise CliError("reject needs a non-empty --reason (the model is told why)", code=EXIT_USAGE)
-    return await _decide_command(client, args, settings, "reject", args.reason)
+    return await decide_command(client, args, settings, "reject", args.reason)
 
 
 async def cmd_resolve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide_command(client, args, settings, args.resolution, args.comment)
+    return await decide_command(client, args, settings, args.resolution, args.comment)
 
 
-async def _decide_command(
-    client: Client, args: argparse.Namespace, settings: Settings, decision: Decision, note: str
+async def decide_command(
+    client: Client,
+    args: argparse.Namespace,
+    settings: Settings,
+    decision: Decision,
+    note: str,
+    extras: Extras | None = None,
 ) -> int:
+    """Send ``decision`` to the run of ``args.workflow_id``'s tree that owns ``args.approval_id`` (optional
+    when exactly one pending entry takes that decision), after printing that run's own entry."""
+    extras = extras or Extras()
     workflow_id, reviewer = args.workflow_id, args.reviewer.strip()
     if not reviewer:
         raise CliError("--reviewer must name who decides", code=EXIT_USAGE)
-    decide_request(args.approval_id or "ap_0", decision, reviewer, note, "")  # bad input: refused before asking
+    # Bad input is refused before asking anything.
+    decide_request(
+        args.approval_id or "ap_0", decision, reviewer, note, "", text=extras.text, arguments=extras.edit,
+        remember=extras.remember,
+    )  # fmt: skip
     # A decision waits longer than a glance at the status: a worker that just restarted replays the run
     # first. With no worker polling at all, the answer still comes at once.
     state, view = await running_view(client, workflow_id, query_timeout=QUERY_TIMEOUT)
@@ -374,14 +387,15 @@ async def _decide_command(
     # Each run of the tree is asked for its own approvals: what a parent relays is never signed.
     runs = await tree(client, workflow_id, view)
     pending = {key[1]: entry for key, entry in reversed(owned(runs, workflow_id).items())}
+    takes = {aid: e for aid, e in pending.items() if decision in DECISIONS.get(e.approval.kind, ())}
     if args.approval_id:
         approval_id = args.approval_id
-    elif not pending:
-        raise CliError(f"run {workflow_id} has no pending approvals")
-    elif len(pending) > 1:
-        raise CliError(f"run {workflow_id} has {len(pending)} pending approvals; name one of: {', '.join(pending)}")
+    elif not takes:
+        raise CliError(f"run {workflow_id} has no pending approvals" + (" to " + decision if pending else ""))
+    elif len(takes) > 1:
+        raise CliError(f"run {workflow_id} has {len(takes)} pending approvals; name one of: {', '.join(takes)}")
     else:
-        approval_id = next(iter(pending))
+        approval_id = next(iter(takes))
     found = pending.get(approval_id)
     if found is None:
         relayed = {a.approval_id: a.workflow_id for a in view.pending_approvals if a.workflow_id}
@@ -395,76 +409,18 @@ async def _decide_command(
     else:
         owner, approval = found.workflow_id, found.approval
         print(deciding(decision, found), flush=True)
+        if extras.edit is not None:
+            print("\n".join(edited_lines(approval, extras.edit)), flush=True)
     line = await send_decision(
-        client, owner, approval_id, decision, reviewer, note, approval, approval_key=settings.approval_key
+        client,
+        owner,
+        approval_id,
+        decision,
+        reviewer,
+        note,
+        approval,
+        approval_key=settings.approval_key,
+        extras=extras,
     )
     print(line)
     return 0
-
-
-def decide_request(approval_id: str, decision: Decision, reviewer: str, note: str, signature: str) -> DecideRequest:
-    """The ``decide`` update's payload; a value the run would refuse (too long, ...) is a one-line usage error."""
-    try:
-        return DecideRequest(
-            approval_id=approval_id, decision=decision, reviewer=reviewer, comment=note, signature=signature
-        )
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "decision"
-        raise CliError(f"{_DECISION_FIELDS.get(field, field)}: {first['msg']}", code=EXIT_USAGE) from None
-
-
-async def send_decision(
-    client: Client,
-    workflow_id: str,
-    approval_id: str,
-    decision: Decision,
-    reviewer: str,
-    note: str,
-    approval: PendingApproval | None,
-    *,
-    approval_key: SecretStr | None,
-) -> str:
-    """Send one decision by the ``decide`` update; the line to print when it took effect, else CliError.
-
-    With an ``approval_key`` the decision is signed (for workers that require signed decisions).
-    """
-    key = approval_key.get_secret_value() if approval_key is not None else ""
-    expires_at = approval.expires_at if approval else ""
-    signature = decision_signature(key.encode(), approval_id, decision, reviewer, expires_at) if key else ""
-    request = decide_request(approval_id, decision, reviewer, note, signature)
-    handle = client.get_workflow_handle(workflow_id)
-    before = interrupt_state()  # run --follow's reattach note, restored once the decision is answered
-    on_interrupt(
-        f"the {decision} decision may or may not have reached run {workflow_id}: see "
-        + cli_command(f"pending {workflow_id}")
-    )
-    try:
-        # cast: the SDK's overloads type an update decorated with a validator as returning a coroutine
-        result = cast(
-            DecideResult,
-            await handle.execute_update(AgentWorkflow.decide_update, request, rpc_timeout=DECIDE_TIMEOUT),
-        )
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        reason = cause.message if isinstance(cause, ApplicationError) else str(cause)
-        raise CliError(f"refused: {reason}") from None
-    except RPCTimeoutOrCancelledError:
-        _, desc = await describe_run(client, workflow_id)
-        reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
-        raise CliError(
-            f"run {workflow_id}: no answer to the decision ({reason}); it may still take effect: "
-            f"see {cli_command(f'pending {workflow_id}')}"
-        ) from None
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no running run with id {workflow_id!r}") from None
-        raise
-    finally:
-        restore_interrupt(before)
-    if not result.accepted:
-        raise CliError(f"refused: {result.message}")
-    verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")
-    what = f" ({call_head(approval.tool, approval.args)})" if approval else ""
-    why = f": {note}" if note else ""
-    return f"{verb} {approval_id}{what} as {reviewer}{why}"

@@ -5,8 +5,9 @@ update-with-start: the same call starts a new session, joins a running one and w
 one that has ended (same id, same conversation and workspace). Then the session's
 progress stream is followed from where this command last read it until the session
 has replied to the message (its ``replied`` event), showing tool calls as they
-happen and asking ``approve? [y/n]`` for each approval the session waits for; the
-decision is sent as ``starter.py approve`` / ``reject`` send it (the ``decide``
+happen and asking ``approve? [y/n]`` for each approval the session waits for (and
+for the answer to each question its model asks, ``ask_human``); the decision is
+sent as ``starter.py approve`` / ``reject`` / ``answer`` send it (the ``decide``
 update, signed with ``AGENT_APPROVAL_KEY`` when it is set). The reply is the
 session's ``output`` (its status query) once it has replied.
 
@@ -43,7 +44,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
-from durable_agents.cli.approvals import Decision, add_run_options, load_run_policy, running_view, send_decision
+from durable_agents.cli.approval_text import question_lines
+from durable_agents.cli.approvals import add_run_options, load_run_policy, running_view
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUERY_TIMEOUT,
@@ -58,9 +60,11 @@ from durable_agents.cli.common import (
     positive_int,
     warn_when_no_worker,
 )
+from durable_agents.cli.decisions import Decision, Extras, send_decision
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.owners import owned, tree
-from durable_agents.cli.watch import EventPrinter, events, mode_for
+from durable_agents.cli.review import read_answer
+from durable_agents.cli.watch import ASKING, EventPrinter, events, mode_for
 from workflows.agent import AgentWorkflow
 from workflows.call_view import call_lines
 from workflows.progress import ProgressEvent
@@ -321,14 +325,14 @@ class Chat:
         print(f"{REPLY}{note}{view.output if view is not None else '(the reply could not be read)'}", flush=True)
 
     async def show(self, event: ProgressEvent) -> None:
-        if event.kind == "approval_requested":
+        if event.kind in ASKING:
             approval_id = str(event.data.get("approval_id") or "")
             if approval_id:
                 await self.review(approval_id)
             return
         if event.kind == "message_received":
             shown = str(event.data.get("message_id")) not in self.mine  # someone else's message to this session
-        elif event.kind == "approval_decided":
+        elif event.kind in ("approval_decided", "question_answered", "approval_counted"):
             shown = str(event.data.get("approval_id")) not in self.sent  # decided elsewhere
         elif event.kind == "idle":
             shown = not event.text.startswith(IDLE_WAITING)  # a sandbox stopped, a close; not the wait itself
@@ -368,13 +372,21 @@ class Chat:
             return  # decided elsewhere meanwhile: its approval_decided event says so
         owner, approval = found[0].workflow_id, found[0].approval
         where = f" of sub-agent run {owner}" if owner != self.session_id else ""
+        if approval.kind == "question":
+            print(f"  question{where}: {approval.approval_id}")
+            print("\n".join(f"    {line}" for line in question_lines(approval)), flush=True)
+            text = await read_answer(approval, ask)
+            await self._decide(owner, approval, "answer", "", Extras(text=text))
+            return
         print(f"  approval needed{where}: {approval.approval_id} (rule {approval.rule or '-'})")
         print("\n".join(f"    {line}" for line in call_lines(approval.tool, approval.args)), flush=True)
         decision = await _yes_or_no()
         note = "" if decision == "approve" else f"rejected in chat by {self.reviewer}"
         await self._decide(owner, approval, decision, note)
 
-    async def _decide(self, owner: str, approval: PendingApproval, decision: Decision, note: str) -> None:
+    async def _decide(
+        self, owner: str, approval: PendingApproval, decision: Decision, note: str, extras: Extras | None = None
+    ) -> None:
         try:
             line = await send_decision(
                 self.client,
@@ -385,6 +397,7 @@ class Chat:
                 note,
                 approval,
                 approval_key=self.settings.approval_key,
+                extras=extras,
             )
         except CliError as err:  # e.g. refused: not an approver
             print(f"  {err}; the session waits for a decision it accepts (Ctrl-C leaves it waiting)", flush=True)

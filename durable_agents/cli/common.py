@@ -300,6 +300,7 @@ _LABELS = {
     "task": "the task",
     "workflow_id": "the run id",
     "approval_id": "the approval id",
+    "question_id": "the question id",
     "approvers": "--approver",
     "policy_file": "--policy",
     "task_file": "--task-file",

@@ -74,6 +74,8 @@ from durable_agents.cli.common import (
     temporal_lost,
 )
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
+from durable_agents.cli.humans import add_commands as add_human_commands
+from durable_agents.cli.humans import cmd_answer, cmd_forget_approvals
 from durable_agents.cli.run import add_command as add_run_command
 from durable_agents.cli.run import cmd_run
 from durable_agents.cli.runs import (
@@ -104,6 +106,8 @@ COMMANDS: dict[str, Command] = {
     "reject": cmd_reject,
     "resolve": cmd_resolve,
     "pending": cmd_pending,
+    "answer": cmd_answer,
+    "forget-approvals": cmd_forget_approvals,
     "cancel": cmd_cancel,
     "sandboxes": cmd_sandboxes,
     "list": cmd_list,
@@ -137,6 +141,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_watch_command(sub)
     add_status_command(sub)
     add_approval_commands(sub)
+    add_human_commands(sub)
     add_cancel_command(sub)
     add_sandboxes_command(sub)
     add_list_command(sub)

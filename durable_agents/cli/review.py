@@ -1,6 +1,9 @@
 """Reviewing while following a run: ``run --follow`` asks for each approval, or prints the commands.
 
-The decisions go through :func:`durable_agents.cli.approvals.send_decision`, signed
+A question the model asks (``ask_human``) is asked the same way: the prompt takes an option's
+number or (when the question allows it) any text, and sends it as ``starter.py answer`` does.
+
+The decisions go through :func:`durable_agents.cli.decisions.send_decision`, signed
 when the settings carry ``AGENT_APPROVAL_KEY``.
 """
 
@@ -8,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from durable_agents.cli.approval_text import decide_commands, time_left, who_decides
-from durable_agents.cli.approvals import Decision, running_view, send_decision
+from durable_agents.cli.approval_text import decide_commands, question_lines, time_left, who_decides
+from durable_agents.cli.approvals import running_view
 from durable_agents.cli.common import QUERY_TIMEOUT, CliError, cli_command
+from durable_agents.cli.decisions import Decision, Extras, send_decision
 from durable_agents.cli.owners import owned, tree
+from durable_agents.cli.watch import answer_commands
 from workflows.call_view import call_lines
 from workflows.types import PendingApproval
 
@@ -72,6 +78,16 @@ class FollowReviewer:
 
     def _print_commands(self, approval: PendingApproval) -> None:
         relayed = f", reported by sub-agent run {approval.workflow_id}" if approval.workflow_id else ""
+        if approval.kind == "question":
+            print(
+                f"question asked: {approval.approval_id}  (may answer: {who_decides(approval)}, "
+                f"expires in {time_left(approval.expires_at)}{relayed})"
+            )
+            print("\n".join(f"  {line}" for line in question_lines(approval)))
+            answer, signal = answer_commands(self.workflow_id, approval.approval_id, self.reviewer)
+            print(f"   answer: {answer}")
+            print(f"       or: {signal}", flush=True)
+            return
         print(
             f"approval needed: {approval.approval_id}  (rule {approval.rule or '-'}, may decide: "
             f"{who_decides(approval)}, expires in {time_left(approval.expires_at)}{relayed})"
@@ -113,6 +129,9 @@ class FollowReviewer:
             return
         owner, approval = found[0].workflow_id, found[0].approval
         where = f" of sub-agent run {owner}" if owner != self.workflow_id else ""
+        if approval.kind == "question":
+            await self._answer(owner, approval, where)
+            return
         print(f"\napproval needed: {approval.approval_id}{where} (step {approval.step})")
         print("\n".join(call_lines(approval.tool, approval.args)))
         left = time_left(approval.expires_at)
@@ -148,6 +167,46 @@ class FollowReviewer:
             print(f"  to decide it otherwise: {approve}\n                      or: {reject}", flush=True)
         else:
             print(line, flush=True)
+
+    async def _answer(self, owner: str, question: PendingApproval, where: str) -> None:
+        print(f"\nquestion{where}: {question.approval_id} (step {question.step})")
+        print("\n".join(f"  {line}" for line in question_lines(question)))
+        print(f"  may answer: {who_decides(question)}   expires in: {time_left(question.expires_at)}", flush=True)
+        text = await read_answer(question, _ask)
+        try:
+            line = await send_decision(
+                self.client,
+                owner,
+                question.approval_id,
+                "answer",
+                self.reviewer,
+                "",
+                question,
+                approval_key=self.approval_key,
+                extras=Extras(text=text),
+            )
+        except CliError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            answer, _ = answer_commands(self.workflow_id, question.approval_id, "<reviewer>")
+            print(f"  to answer it otherwise: {answer}", flush=True)
+        else:
+            print(line, flush=True)
+
+
+async def read_answer(question: PendingApproval, ask: Callable[[str], Awaitable[str]]) -> str:
+    """Prompt until the answer is one the question takes: an option's number or text, or (when the
+    question allows it) any text."""
+    prompt = "answer (an option's number or text): " if question.options else "answer: "
+    if question.options and not question.allow_free_text:
+        prompt = f"answer (1-{len(question.options)}): "
+    while True:
+        text = (await ask(prompt)).strip()
+        if text.isdigit() and 1 <= int(text) <= len(question.options):
+            return question.options[int(text) - 1]
+        if question.options and not question.allow_free_text and text not in question.options:
+            continue  # only the options are accepted: ask again
+        if text:
+            return text
 
 
 async def _ask(prompt: str) -> str:

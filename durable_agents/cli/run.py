@@ -42,7 +42,7 @@ from durable_agents.cli.common import (
 )
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
-from durable_agents.cli.watch import POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
+from durable_agents.cli.watch import ASKING, POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
 from workflows.run_failure import result_of_failure
@@ -337,7 +337,7 @@ class _FollowPrinter:
             await self._announce_model()
         self.held.append((offset, event))
         self.flush()
-        if event.kind == "approval_requested" and self.reviewer is not None:
+        if event.kind in ASKING and self.reviewer is not None:
             view = await self._status()
             if view is not None:
                 self.reviewer.notice(view.pending_approvals)

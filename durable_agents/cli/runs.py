@@ -29,7 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
-from durable_agents.cli.approval_text import approval_summary
+from durable_agents.cli.approval_text import approval_summary, decision_line, remembered_line
 from durable_agents.cli.approvals import QUERY_CONCURRENCY
 from durable_agents.cli.common import (
     EXIT_USAGE,
@@ -51,11 +51,11 @@ from durable_agents.cli.common import (
 )
 from durable_agents.cli.sessions import session_marker, session_of
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
-from workflows.types import AgentResult, PendingApproval, RunState
+from workflows.types import AgentResult, DecisionRecord, PendingApproval, RememberedApproval, RunState
 
 LIST_LIMIT = 50  # runs `list` shows by default (it says how many more there are)
 RUN_STATES: tuple[str, ...] = get_args(RunState)
-OPEN_STATES = ("running", "waiting_approval")  # recorded by runs that still run
+OPEN_STATES = ("running", "waiting_approval", "waiting_human")  # recorded by runs that still run
 
 
 def add_status_command(sub: argparse._SubParsersAction[Any]) -> None:
@@ -94,7 +94,7 @@ def list_query(state: str | None, tenant: str | None) -> str:
     """The visibility query of ``list``: agent runs (not the closed runs a continue-as-new left), filtered.
 
     Filter values are quoted with :func:`query_literal`: a tenant is user input.
-    A ``running`` or ``waiting_approval`` run is one that still runs (a run that was
+    A ``running``, ``waiting_approval`` or ``waiting_human`` run is one that still runs (a run that was
     terminated keeps the state it last recorded).
     """
     clauses = ["WorkflowType = 'AgentWorkflow'", "ExecutionStatus != 'ContinuedAsNew'"]
@@ -146,6 +146,7 @@ def _result_data(workflow_id: str, result: AgentResult) -> dict[str, Any]:
         "step": result.steps,
         "usage": result.usage.model_dump(),
         "output": result.output,
+        "decisions": [record.model_dump() for record in result.decisions],
     }
 
 
@@ -188,6 +189,18 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
             for approval in value:
                 for line in approval_summary(PendingApproval.model_validate(approval)):
                     print(f"{'':>20}{line}")
+        elif key == "decisions":
+            total = data.get("decisions_total", len(value))
+            shown = f" (the newest {len(value)} of {total})" if total > len(value) else ""
+            print(f"{key:>18}: {total or 'none'}{shown}")
+            for record in value:
+                print(f"{'':>20}{decision_line(DecisionRecord.model_validate(record))}")
+        elif key == "remembered":
+            print(f"{key:>18}: {len(value) or 'none'}")
+            for entry in value:
+                print(f"{'':>20}{remembered_line(RememberedApproval.model_validate(entry))}")
+        elif key == "decisions_total":
+            continue  # with the decisions
         elif key in ("refused", "notes"):
             for index, message in enumerate(value[-5:] if key == "refused" else value):
                 print(f"{key if index == 0 else '':>18}{':' if index == 0 else ' '} {message}")
@@ -195,7 +208,19 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
             if not value:
                 print(f"{'cost':>18}: not tracked (the model has no price): set AGENT_PRICES")
         else:
-            print(f"{key:>18}: {value}")
+            print(f"{key:>18}: {_text(key, value)}")
+
+
+def _text(key: str, value: Any) -> str:
+    """A status value as text: usage as tokens and cost, other objects and lists as their items."""
+    if isinstance(value, dict) and key.endswith("usage"):
+        cost = float(value.get("cost_usd") or 0)
+        return f"{value.get('input_tokens', 0)} in / {value.get('output_tokens', 0)} out tokens, ${cost:.4f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    return str(value)
 
 
 async def cmd_cancel(client: Client, args: argparse.Namespace, settings: Settings) -> int:

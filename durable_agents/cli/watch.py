@@ -37,7 +37,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
 
 from activities.settings import Settings
-from durable_agents.cli.approval_text import decide_commands
+from durable_agents.cli.approval_text import decide_commands, what_waits
 from durable_agents.cli.common import (
     PROBE_TIMEOUT,
     CliError,
@@ -74,6 +74,9 @@ _STYLES: dict[str, str] = {
     "approval_requested": "bold yellow",
     "approval_decided": "yellow",
     "decision_refused": "bold red",
+    "question_asked": "bold yellow",
+    "question_answered": "yellow",
+    "approval_counted": "yellow",
     "continued_as_new": "dim",
     "rewound": "yellow",
     "finished": "bold green",
@@ -122,10 +125,13 @@ def describe(event: ProgressEvent) -> str:
 
 
 def approval_commands(workflow_id: str, event: ProgressEvent, reviewer: str) -> list[str]:
-    """The shell commands that decide the approval an ``approval_requested`` event announces."""
+    """The shell commands that decide the approval an ``approval_requested`` event announces
+    (or answer the question a ``question_asked`` event announces)."""
     approval_id = str(event.data.get("approval_id", ""))
     if not approval_id:
         return []
+    if event.kind == "question_asked":
+        return answer_commands(workflow_id, approval_id, reviewer)
     if "-resolve" in approval_id:  # an unknown outcome: a human says whether it happened
         payload = {"approval_id": approval_id, "reviewer": reviewer, "resolution": "retry|mark_done|fail"}
         return [
@@ -134,6 +140,19 @@ def approval_commands(workflow_id: str, event: ProgressEvent, reviewer: str) -> 
         ]
     approve, signal, reject = decide_commands(workflow_id, approval_id, reviewer)
     return [approve, signal, reject]
+
+
+def answer_commands(workflow_id: str, question_id: str, reviewer: str) -> list[str]:
+    """The starter's answer (signed when so configured) and Temporal's answer signal."""
+    run, who = shlex.quote(workflow_id), shlex.quote(reviewer)
+    payload = {"question_id": question_id, "reviewer": reviewer, "text": "..."}
+    return [
+        cli_command(f"answer {run} {question_id} '...' --reviewer {who}"),
+        f"temporal workflow signal --workflow-id {run} --name answer --input {shlex.quote(json.dumps(payload))}",
+    ]
+
+
+ASKING = ("approval_requested", "question_asked")  # events a person may have to act on
 
 
 class EventPrinter:
@@ -157,14 +176,18 @@ class EventPrinter:
         self.reviewer = reviewer or DEFAULT_REVIEWER
         self._console = Console(file=self.file, highlight=False, soft_wrap=True) if mode == "rich" else None
 
-    def __call__(self, offset: int, event: ProgressEvent, call: list[str] | None = None) -> None:
-        """``call``: the lines of the call an approval request waits for (``workflows.call_view``)."""
+    def __call__(
+        self, offset: int, event: ProgressEvent, call: list[str] | None = None, *, waiting: bool = True
+    ) -> None:
+        """``call``: the lines under the event: the call an approval request waits for (``workflows.call_view``),
+        the question asked, the call as a reviewer edited it. ``waiting``: whether what an approval request or a
+        question announces still waits (else no commands are printed for it: it was decided long ago)."""
         if self.mode == "json":
             print(event.model_dump_json(), file=self.file, flush=True)
             return
         commands = (
             approval_commands(self.workflow_id, event, self.reviewer)
-            if self.show_commands and event.kind == "approval_requested"
+            if self.show_commands and waiting and event.kind in ASKING
             else []
         )
         if self._console is None:
@@ -188,7 +211,7 @@ class EventPrinter:
             " ",
             (event.kind.ljust(_KIND_WIDTH), style),
             " ",
-            (describe(event), "bold yellow" if event.kind == "approval_requested" else ""),
+            (describe(event), "bold yellow" if event.kind in ASKING else ""),
         )
         self._console.print(line)
         for call_line in call or []:
@@ -228,7 +251,11 @@ async def watch(
                 result = on_event(offset, event)
                 if inspect.isawaitable(result):
                     await result
-            printer(offset, event, await _waiting_call(client, workflow_id, event) if mode != "json" else None)
+            if mode == "json":
+                printer(offset, event)
+            else:
+                lines, waiting = await event_context(client, workflow_id, event)
+                printer(offset, event, lines, waiting=waiting)
             child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
             if isinstance(child_id, str) and child_id and mode != "json":
                 follow = watch_child(client, child_id, out, poll_cooldown, reviewer, depth + 1)
@@ -239,19 +266,32 @@ async def watch(
             task.cancel()
 
 
-async def _waiting_call(client: Client, workflow_id: str, event: ProgressEvent) -> list[str] | None:
-    """The call an ``approval_requested`` event waits for, as the run lists it while it still waits."""
-    approval_id = event.data.get("approval_id") if event.kind == "approval_requested" else None
-    if not approval_id:
-        return None
+async def event_context(client: Client, workflow_id: str, event: ProgressEvent) -> tuple[list[str] | None, bool]:
+    """The lines to show under an event, from the run's status, and whether what it announces still waits.
+
+    An ``approval_requested`` or ``question_asked`` event: the call or the question, as the run lists it
+    while it still waits (not waiting: no lines, and no commands; unknown, no worker answering: no lines,
+    commands as for a live run). An ``approval_decided`` event of an edited call: the call as it runs.
+    """
+    approval_id = event.data.get("approval_id")
+    edited = event.kind == "approval_decided" and "edited" in event.text
+    if not approval_id or not (event.kind in ASKING or edited):
+        return None, True
     try:
-        view = await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
-    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError):
-        return None
-    for approval in StatusView.model_validate(view).pending_approvals:
+        raw = await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
+        view = StatusView.model_validate(raw)
+    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
+        return None, True
+    if edited:
+        for record in reversed(view.decisions):
+            if record.approval_id == approval_id and record.edits is not None:
+                return ["edited by the reviewer(s); it runs as:", *call_lines(record.tool, record.edits)], True
+        return None, True
+    ended = view.state in ("completed", "failed", "cancelled", "limit_exceeded")
+    for approval in view.pending_approvals:
         if approval.approval_id == approval_id and not approval.workflow_id:
-            return call_lines(approval.tool, approval.args)
-    return None
+            return (what_waits(approval), not ended)
+    return None, False
 
 
 async def watch_child(

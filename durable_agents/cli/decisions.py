@@ -1,0 +1,241 @@
+"""Sending one decision to the run that waits for it, and saying what the run answered.
+
+Every decision of the CLI (``approve``, ``reject``, ``resolve``, ``answer``, and the
+prompts of ``run --follow`` and ``chat``) goes through :func:`send_decision`: the
+``decide`` update, so the caller learns at once whether it took effect (a refusal
+comes back with the run's reason). With ``AGENT_APPROVAL_KEY`` set
+(``settings.approval_key``) the decision is signed
+(``workflows.identity.decision_signature``), the signature covering what it carries
+besides the verdict (:func:`workflows.identity.signed_extras`: an edit's arguments
+exactly as sent, an answer's text, a remembered scope).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal, cast
+
+from pydantic import SecretStr, ValidationError
+from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_agents.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    cli_command,
+    describe_run,
+    interrupt_state,
+    no_answer_reason,
+    not_utf8,
+    on_interrupt,
+    restore_interrupt,
+)
+from workflows.agent import AgentWorkflow
+from workflows.call_view import call_head
+from workflows.identity import decision_signature, signed_extras
+from workflows.types import DecideRequest, DecideResult, PendingApproval
+
+Decision = Literal["approve", "reject", "retry", "mark_done", "fail", "answer"]
+DECIDE_TIMEOUT = timedelta(seconds=30)
+QUESTION_HEAD_CHARS = 80  # of a question's text in the one line an answer prints
+# DecideRequest fields → the arguments that set them
+_DECISION_FIELDS = {
+    "approval_id": "the approval id",
+    "reviewer": "--reviewer",
+    "comment": "--comment or --reason",
+    "signature": "the signature",
+    "text": "the answer",
+    "arguments": "--edit",
+    "remember": "--remember",
+}
+_PROGRESS = re.compile(r"\((\d+)/(\d+)\); waiting for more reviewers")
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a decision carries besides its verdict: an edit, a remembered scope, an answer's text."""
+
+    edit: dict[str, Any] | None = None  # top-level keys set over the call's arguments (``approve --edit``)
+    remember: Literal["", "call", "tool"] = ""
+    text: str = ""  # the answer to a question
+
+    def arguments(self, approval: PendingApproval | None) -> dict[str, Any] | None:
+        """The call's whole arguments with the edit's keys set: what is sent, signed and run.
+
+        Merged over what the approval's reviewers so far approved (an earlier edit of a quorum),
+        else over the call as the model made it.
+        """
+        if self.edit is None:
+            return None
+        if approval is None:
+            return dict(self.edit)
+        base = approval.edited_args if approval.edited_args is not None else approval.args
+        return {**base, **self.edit}
+
+
+def edit_object(text: str) -> dict[str, Any]:
+    """``--edit``'s value: a JSON object (of argument names to their new values); else a usage error."""
+    if where := not_utf8(text):
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({where})")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object of the arguments to change, e.g. '{{\"json\": {{...}}}}', got {_json_type(value)}"
+        )
+    if not value:
+        raise argparse.ArgumentTypeError("the JSON object is empty: name at least one argument to change")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def decide_request(
+    approval_id: str,
+    decision: Decision,
+    reviewer: str,
+    note: str,
+    signature: str,
+    *,
+    text: str = "",
+    arguments: dict[str, Any] | None = None,
+    remember: str = "",
+) -> DecideRequest:
+    """The ``decide`` update's payload; a value the run would refuse (too long, ...) is a one-line usage error."""
+    try:
+        return DecideRequest.model_validate(
+            {
+                "approval_id": approval_id,
+                "decision": decision,
+                "reviewer": reviewer,
+                "comment": note,
+                "signature": signature,
+                "text": text,
+                "arguments": arguments,
+                "remember": remember,
+            }
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "decision"
+        raise CliError(f"{_DECISION_FIELDS.get(field, field)}: {first['msg']}", code=EXIT_USAGE) from None
+
+
+async def send_decision(
+    client: Client,
+    workflow_id: str,
+    approval_id: str,
+    decision: Decision,
+    reviewer: str,
+    note: str,
+    approval: PendingApproval | None,
+    *,
+    approval_key: SecretStr | None,
+    extras: Extras | None = None,
+) -> str:
+    """Send one decision by the ``decide`` update; what to print when it took effect (one line or a
+    few: a quorum's progress, what was remembered or why not), else ``CliError``.
+
+    With an ``approval_key`` the decision is signed (for workers that require signed decisions).
+    """
+    extras = extras or Extras()
+    arguments = extras.arguments(approval)
+    key = approval_key.get_secret_value() if approval_key is not None else ""
+    expires_at = approval.expires_at if approval else ""
+    covers = signed_extras(arguments, text=extras.text, remember=extras.remember)
+    signature = decision_signature(key.encode(), approval_id, decision, reviewer, expires_at, covers) if key else ""
+    request = decide_request(
+        approval_id,
+        decision,
+        reviewer,
+        note,
+        signature,
+        text=extras.text,
+        arguments=arguments,
+        remember=extras.remember,
+    )
+    handle = client.get_workflow_handle(workflow_id)
+    before = interrupt_state()  # run --follow's reattach note, restored once the decision is answered
+    on_interrupt(
+        f"the {decision} decision may or may not have reached run {workflow_id}: see "
+        + cli_command(f"pending {workflow_id}")
+    )
+    try:
+        # cast: the SDK's overloads type an update decorated with a validator as returning a coroutine
+        result = cast(
+            DecideResult,
+            await handle.execute_update(AgentWorkflow.decide_update, request, rpc_timeout=DECIDE_TIMEOUT),
+        )
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        reason = cause.message if isinstance(cause, ApplicationError) else str(cause)
+        raise CliError(f"refused: {reason}") from None
+    except RPCTimeoutOrCancelledError:
+        _, desc = await describe_run(client, workflow_id)
+        reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
+        raise CliError(
+            f"run {workflow_id}: no answer to the decision ({reason}); it may still take effect: "
+            f"see {cli_command(f'pending {workflow_id}')}"
+        ) from None
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(f"no running run with id {workflow_id!r}") from None
+        raise
+    finally:
+        restore_interrupt(before)
+    if not result.accepted:
+        raise CliError(f"refused: {result.message}")
+    return outcome_text(decision, approval_id, reviewer, note, approval, result.message, extras)
+
+
+def outcome_text(
+    decision: Decision,
+    approval_id: str,
+    reviewer: str,
+    note: str,
+    approval: PendingApproval | None,
+    message: str,
+    extras: Extras,
+) -> str:
+    """What a decision the run accepted did, from what was sent and the run's own message."""
+    if decision == "answer":
+        asked = ""
+        if approval is not None and approval.question:
+            question = " ".join(approval.question.split())
+            cut = question if len(question) <= QUESTION_HEAD_CHARS else question[: QUESTION_HEAD_CHARS - 1] + "…"
+            asked = f" ({cut})"
+        return f"answered {approval_id}{asked} as {reviewer}: {extras.text}"
+    arguments = extras.arguments(approval)
+    shown = arguments if arguments is not None else (approval.args if approval else None)
+    what = f" ({call_head(approval.tool, shown or {})})" if approval else ""
+    verb = {"approve": "approved", "reject": "rejected"}.get(decision, f"resolved ({decision})")
+    why = f": {note}" if note else ""
+    line = f"{verb} {approval_id}{what} as {reviewer}{why}"
+    if arguments is not None and approval is not None and extras.edit is not None:
+        base = approval.edited_args if approval.edited_args is not None else approval.args
+        changed = sorted(k for k in extras.edit if base.get(k) != extras.edit[k])
+        line += f" with edited arguments ({', '.join(changed) or 'unchanged'})"
+    lines = [line]
+    progress = _PROGRESS.search(message)
+    if progress is not None:
+        done, needed = int(progress.group(1)), int(progress.group(2))
+        lines.append(f"  {done}/{needed} approvals: the call waits for {needed - done} more reviewer(s) before it runs")
+        if extras.remember:
+            lines.append(f"  --remember {extras.remember} was not kept: the approval that completes the quorum sets it")
+    at = message.find("; remember")
+    if at >= 0:
+        remembered = message[at + 2 :]
+        if remembered.startswith("remember tool refused"):
+            remembered += " (the approval itself stands)"
+        lines.append(f"  {remembered}")
+    return "\n".join(lines)
