@@ -346,7 +346,8 @@ async def _waiting_views(
 
 
 async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    extras = Extras(edit=args.edit, remember=args.remember or "")
+    # Callers that build the namespace by hand (tests, embedding code) may leave the newer options out.
+    extras = Extras(edit=getattr(args, "edit", None), remember=getattr(args, "remember", None) or "")
     return await decide_command(client, args, settings, "approve", args.comment, extras)
 
 
