@@ -216,7 +216,26 @@ def _start(setup: Setup, workflow_id: str, task: str, *options: str) -> None:
     assert started.returncode == 0, started.stderr
 
 
+def _waiting_count(setup: Setup, workflow_id: str) -> int:
+    """How many decisions the run's own status query lists (the Temporal CLI: a cheap process to poll with)."""
+    asked = setup.cli.temporal("workflow", "query", "--workflow-id", workflow_id, "--name", "status", "-o", "json")
+    if asked.returncode != 0:
+        return 0
+    answer = json.loads(asked.stdout)
+    view = answer.get("queryResult", [answer])[0] if isinstance(answer, dict) else answer[0]
+    return len(view.get("pending_approvals") or []) if isinstance(view, dict) else 0
+
+
 def _pending(setup: Setup, workflow_id: str, count: int = 1) -> list[dict[str, Any]]:
+    """``starter.py pending RUN_ID --json`` once the run waits for ``count`` decisions."""
+
+    def waiting() -> int:
+        found = _waiting_count(setup, workflow_id)
+        assert found >= count, setup.log.read_text()[-2000:]
+        return found
+
+    eventually_sync(waiting, f"{workflow_id} waits for {count} decision(s)", every_s=0.2)
+
     def listed() -> list[dict[str, Any]]:
         shown = setup.cli.starter("pending", workflow_id, "--json")
         rows: list[dict[str, Any]] = json.loads(shown.stdout) if shown.returncode == 0 else []
