@@ -53,6 +53,7 @@ from durable_agents.cli.common import (
     no_worker_line,
     poller_count,
     positive_int,
+    raise_if_cancelled,
     start_worker_hint,
 )
 from durable_agents.cli.decisions import Decision, Extras, decide_request, edit_object, send_decision
@@ -242,6 +243,7 @@ async def listed_view(client: Client, wf: WorkflowExecution) -> StatusView | Non
     except WorkflowQueryFailedError as err:
         reason = f"its worker could not answer: {err}"
     except (RPCError, RPCTimeoutOrCancelledError, TimeoutError):
+        raise_if_cancelled()
         reason = await _why_no_answer(client, wf.id)
     pending = wf.typed_search_attributes.get(PENDING_APPROVALS)
     recorded = f"; it last recorded {pending} pending approval(s)" if pending is not None else ""
@@ -254,6 +256,7 @@ async def _why_no_answer(client: Client, workflow_id: str) -> str:
         _, desc = await describe_run(client, workflow_id)
         return await no_answer_reason(client, desc, waited=QUICK_QUERY_TIMEOUT)
     except (CliError, RPCError, RPCTimeoutOrCancelledError):
+        raise_if_cancelled()
         return f"no worker answered within {QUICK_QUERY_TIMEOUT.seconds} s"
 
 

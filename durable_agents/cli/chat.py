@@ -58,6 +58,7 @@ from durable_agents.cli.common import (
     name_list,
     on_interrupt,
     positive_int,
+    raise_if_cancelled,
     warn_when_no_worker,
 )
 from durable_agents.cli.decisions import Decision, Extras, send_decision
@@ -354,6 +355,7 @@ class Chat:
         try:
             answer = await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
         except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError):
+            raise_if_cancelled()
             return None
         return StatusView.model_validate(answer)
 
@@ -423,5 +425,6 @@ async def _was_session(client: Client, handle: WorkflowHandle[Any, Any]) -> bool
             [inp] = await client.data_converter.decode(payloads, [AgentInput])
             return isinstance(inp, AgentInput) and inp.session is not None
     except (RPCError, RPCTimeoutOrCancelledError, ValueError, TypeError):
+        raise_if_cancelled()
         return True
     return True

@@ -365,6 +365,7 @@ async def list_runs(
     try:
         total: int | None = max((await client.count_workflows(query, rpc_timeout=RPC_TIMEOUT)).count, len(found))
     except (RPCError, RPCTimeoutOrCancelledError):
+        raise_if_cancelled()
         total = None
     return list(found.values())[:limit], total
 
@@ -407,6 +408,7 @@ async def poller_count(client: Client, task_queue: str) -> int | None:
     try:
         response = await client.workflow_service.describe_task_queue(request, timeout=RPC_TIMEOUT)
     except (RPCError, RPCTimeoutOrCancelledError):
+        raise_if_cancelled()
         return None
     return len(response.pollers)
 
@@ -472,6 +474,7 @@ async def ask_status(
     except WorkflowQueryFailedError as err:
         raise NoAnswer(f"its worker could not answer: {err}") from None
     except (RPCError, RPCTimeoutOrCancelledError):
+        raise_if_cancelled()
         raise NoAnswer(await no_answer_reason(client, desc, waited=query_timeout)) from None
     finally:
         query.cancel()
@@ -547,6 +550,7 @@ async def ended_state(
     try:
         result = await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
     except (RPCError, RPCTimeoutOrCancelledError, TemporalError, ValueError, TypeError):
+        raise_if_cancelled()
         return "completed"
     return result.status if isinstance(result, AgentResult) else "completed"
 
@@ -560,6 +564,7 @@ async def closed_result(client: Client, workflow_id: str, run_id: str | None) ->
     except WorkflowFailureError as err:
         return result_of_failure(err)
     except (RPCError, RPCTimeoutOrCancelledError, TemporalError, ValueError, TypeError):
+        raise_if_cancelled()
         return None
     return result if isinstance(result, AgentResult) else None
 
@@ -590,3 +595,15 @@ async def bounded(pending: Iterable[Awaitable[T]], limit: int) -> list[T]:
             return await awaitable
 
     return list(await asyncio.gather(*(one(awaitable) for awaitable in pending)))
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation an RPC error stood for (call it first in every handler of RPC errors).
+
+    The SDK turns the cancellation of a call in flight into ``RPCTimeoutOrCancelledError``; a handler
+    that takes it for a slow server would swallow Ctrl-C (asyncio cancels every task on exit and then
+    waits for them), so a loop polling the server would keep the command alive for good.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

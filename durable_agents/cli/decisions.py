@@ -33,6 +33,7 @@ from durable_agents.cli.common import (
     no_answer_reason,
     not_utf8,
     on_interrupt,
+    raise_if_cancelled,
     restore_interrupt,
 )
 from workflows.agent import AgentWorkflow
@@ -181,6 +182,7 @@ async def send_decision(
         reason = cause.message if isinstance(cause, ApplicationError) else str(cause)
         raise CliError(f"refused: {reason}") from None
     except RPCTimeoutOrCancelledError:
+        raise_if_cancelled()
         _, desc = await describe_run(client, workflow_id)
         reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
         raise CliError(

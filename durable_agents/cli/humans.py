@@ -29,7 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.settings import Settings
 from durable_agents.cli.approval_text import remembered_line
 from durable_agents.cli.approvals import decide_command, running_view
-from durable_agents.cli.common import EXIT_USAGE, QUERY_TIMEOUT, CliError, not_utf8
+from durable_agents.cli.common import EXIT_USAGE, QUERY_TIMEOUT, CliError, not_utf8, raise_if_cancelled
 from durable_agents.cli.decisions import Extras
 from workflows.agent import AgentWorkflow
 from workflows.human_types import MAX_ANSWER_CHARS
@@ -121,6 +121,7 @@ async def _recorded(client: Client, workflow_id: str, before: int) -> StatusView
         try:
             view = StatusView.model_validate(await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
         except (RPCError, RPCTimeoutOrCancelledError, ValueError):
+            raise_if_cancelled()
             view = None
         if view is not None and view.decisions_total > before:
             return view

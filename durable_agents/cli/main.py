@@ -71,6 +71,7 @@ from durable_agents.cli.common import (
     interrupt_note,
     lost_note,
     parse,
+    raise_if_cancelled,
     temporal_lost,
 )
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
@@ -195,6 +196,7 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         print(f"error: Temporal refused the request: {one_line(err.message)}", file=sys.stderr)
         return EXIT_RUN
     except RPCTimeoutOrCancelledError as err:
+        raise_if_cancelled()
         print(f"error: Temporal did not answer in time: {one_line(str(err))}", file=sys.stderr)
         return EXIT_RUN
     except BrokenPipeError:

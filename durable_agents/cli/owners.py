@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from durable_agents.cli.common import QUICK_QUERY_TIMEOUT, bounded
+from durable_agents.cli.common import QUICK_QUERY_TIMEOUT, bounded, raise_if_cancelled
 from workflows.agent import AgentWorkflow
 from workflows.types import PendingApproval, StatusView
 
@@ -61,6 +61,7 @@ async def _sub_agent_view(client: Client, workflow_id: str) -> StatusView | None
             )
         return StatusView.model_validate(raw)
     except (WorkflowQueryFailedError, RPCError, RPCTimeoutOrCancelledError, TimeoutError) as err:
+        raise_if_cancelled()
         reason = str(err) or type(err).__name__
         print(f"warning: sub-agent run {workflow_id} did not answer ({reason}): approvals not shown", file=sys.stderr)
         return None

@@ -36,6 +36,7 @@ from durable_agents.cli.common import (
     on_interrupt,
     positive_int,
     print_json,
+    raise_if_cancelled,
     temporal_lost,
     temporal_state,
     warn_when_no_worker,
@@ -224,6 +225,7 @@ class DemoModelNote:
                     await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
                 )
             except (RPCError, RPCTimeoutOrCancelledError, ValueError):
+                raise_if_cancelled()
                 view = None  # no worker yet (the watchdog says so), or the run just closed
             if view is not None and view.model:
                 self.model(view.model)
@@ -241,6 +243,7 @@ class DemoModelNote:
                 answer = await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
                 model = StatusView.model_validate(answer).model
         except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
+            raise_if_cancelled()
             return
         self.model(model)
 
@@ -358,6 +361,7 @@ class _FollowPrinter:
         try:
             return StatusView.model_validate(await self.handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
         except (RPCError, RPCTimeoutOrCancelledError, ValueError):
+            raise_if_cancelled()
             return None
 
     async def _announce_model(self) -> None:
@@ -424,6 +428,7 @@ async def _poll_loop(
         try:
             view = StatusView.model_validate(await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
         except (RPCError, RPCTimeoutOrCancelledError, ValueError):
+            raise_if_cancelled()
             view = None  # no worker polling yet, or the run just closed
         if view is not None and not (reviewer is not None and reviewer.busy):
             line = f"[step {view.step}] {view.state}: {view.last_event}"
@@ -500,6 +505,7 @@ async def _taken(client: Client, workflow_id: str, what: str) -> CliError:
         desc = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
         status = desc.status
     except (RPCError, RPCTimeoutOrCancelledError):
+        raise_if_cancelled()
         status = None
     if status in (None, WorkflowExecutionStatus.RUNNING):
         return CliError(

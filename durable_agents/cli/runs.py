@@ -46,6 +46,7 @@ from durable_agents.cli.common import (
     positive_int,
     print_json,
     query_literal,
+    raise_if_cancelled,
     recorded_state,
     temporal_state,
 )
@@ -175,6 +176,7 @@ async def _why_it_ended(client: Client, desc: WorkflowExecutionDescription) -> s
     except WorkflowFailureError as err:
         return str(err.cause or err)
     except (RPCError, RPCTimeoutOrCancelledError, TemporalError):
+        raise_if_cancelled()
         return ""
     return ""
 

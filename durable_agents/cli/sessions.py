@@ -49,6 +49,7 @@ from durable_agents.cli.common import (
     ended_state,
     following,
     on_interrupt,
+    raise_if_cancelled,
     warn_when_no_worker,
 )
 from durable_agents.cli.watch import EventPrinter, events, mode_for
@@ -158,6 +159,7 @@ async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
     except PayloadsEncrypted:  # a run this CLI has no keys for is listed all the same, unmarked
         return SessionRow()
     except (RPCError, RPCTimeoutOrCancelledError) as err:
+        raise_if_cancelled()
         if isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE:
             raise
         return SessionRow()
@@ -173,6 +175,7 @@ async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
             )
         )
     except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError, PayloadsEncrypted):
+        raise_if_cancelled()
         return SessionRow(True, "", carried)
     return SessionRow(True, view.state, view.messages)
 
@@ -266,6 +269,7 @@ async def wait_for_reply(client: Client, workflow_id: str, seq: int) -> tuple[st
         try:
             view = StatusView.model_validate(await handle.query(AgentWorkflow.status, rpc_timeout=QUERY_TIMEOUT))
         except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError) as err:
+            raise_if_cancelled()
             if isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE:
                 raise
             view = None  # between runs of a continue-as-new, or no worker yet (the watchdog says so)

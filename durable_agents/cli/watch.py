@@ -48,6 +48,7 @@ from durable_agents.cli.common import (
     following,
     no_worker_line,
     poller_count,
+    raise_if_cancelled,
     start_worker_hint,
     temporal_lost,
     warn_when_no_worker,
@@ -281,6 +282,7 @@ async def event_context(client: Client, workflow_id: str, event: ProgressEvent) 
         raw = await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
         view = StatusView.model_validate(raw)
     except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError):
+        raise_if_cancelled()
         return None, True
     if edited:
         for record in reversed(view.decisions):
@@ -379,6 +381,7 @@ async def _readable_after_the_end(
             await handle.query(AgentWorkflow.status, rpc_timeout=PROBE_TIMEOUT)
             return
         except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError):
+            raise_if_cancelled()
             pass
     state = await ended_state(client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
     why = (
