@@ -7,13 +7,13 @@ listed, expires, reaches a parent run and is decided (``answer``) like an approv
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
 
 from workflows.approvals import ApprovalBook, Verdict
+from workflows.human_wait import pending_entry, wait_for_decision
 from workflows.identity import approval_id
 from workflows.policy import Decision
 from workflows.types import (
@@ -22,7 +22,6 @@ from workflows.types import (
     Carry,
     DecisionRecord,
     Message,
-    PendingApproval,
     ToolCall,
     TranscriptEntry,
 )
@@ -42,24 +41,11 @@ class Questions:
         expires_at = now + timedelta(seconds=decision.approval_timeout_s)
         scope = carry.key_scope or workflow.info().workflow_id
         qid = "q_" + approval_id(scope, carry.step, call.id, call.name, call.arguments)[3:]
-        self.book.open(
-            PendingApproval(
-                approval_id=qid,
-                tool=call.name,
-                args=call.arguments,
-                requested_at=now.isoformat(),
-                expires_at=expires_at.isoformat(),
-                reviewers=inp.approvers,
-                rule=decision.rule,
-                step=carry.step,
-                call_id=call.id,
-                kind="question",
-                question=args.question,
-                options=args.options,
-                allow_free_text=args.allow_free_text or not args.options,
-            ),
-            expires_at,
-        )
+        entry = pending_entry(
+            inp, carry, call, decision, qid, now, kind="question", question=args.question,
+            options=args.options, allow_free_text=args.allow_free_text or not args.options,
+        )  # fmt: skip
+        self.book.open(entry, expires_at)
         offered = f" [{' / '.join(args.options)}]" if args.options else ""
         self.emit(
             "question_asked",
@@ -69,14 +55,7 @@ class Questions:
             options=args.options,
             expires_at=expires_at.isoformat(),
         )
-        began = workflow.now()
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: qid in self.book.decided,
-                timeout=expires_at - began,
-                timeout_summary=f"question {qid} expires",
-            )
-        carry.waited_s += (workflow.now() - began).total_seconds()
+        await wait_for_decision(self.book, carry, qid, f"question {qid} expires")
         if qid not in self.book.decided:
             self.book.record(qid, Verdict("expired"))
             self.book.audit(

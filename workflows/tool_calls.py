@@ -7,7 +7,6 @@ one result at its own transcript position, whatever happens to it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -17,6 +16,7 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from workflows.approvals import ApprovalBook
 from workflows.delegation import Delegator, capped_calls, child_workflow_id
+from workflows.human_wait import pending_entry, wait_for_decision
 from workflows.identity import approval_id, idempotency_key, sandbox_id_for
 from workflows.narration import cause_text, edit_note, tool_error, tool_summary
 from workflows.policy import Decision, Policy, decide
@@ -27,7 +27,6 @@ from workflows.types import (
     DecisionRecord,
     Message,
     ModelTurn,
-    PendingApproval,
     SandboxRef,
     SandboxRequest,
     SideEffect,
@@ -219,22 +218,11 @@ class ToolCallRunner:
         )
         if kind != "tool_call":
             aid = f"{aid}-{kind.split('_')[0]}{sum(1 for a in self.book.decided if a.startswith(aid))}"
-        self.book.open(
-            PendingApproval(
-                approval_id=aid,
-                tool=call.name,
-                args=call.arguments,
-                requested_at=now.isoformat(),
-                expires_at=expires_at.isoformat(),
-                reviewers=inp.approvers,
-                rule=decision.rule,
-                step=carry.step,
-                call_id=call.id,
-                kind=kind,
-                approvals_required=decision.approvals if kind == "tool_call" else 1,
-            ),
-            expires_at,
-        )
+        entry = pending_entry(
+            inp, carry, call, decision, aid, now, kind=kind,
+            approvals_required=decision.approvals if kind == "tool_call" else 1,
+        )  # fmt: skip
+        self.book.open(entry, expires_at)
         self.book.calls[aid] = call
         self.book.remember_tool_allowed[aid] = decision.remember_tool
         workflow.logger.info("approval %s requested for %s (rule %s)", aid, call.name, decision.rule)
@@ -249,14 +237,7 @@ class ToolCallRunner:
             approval_id=aid,
             expires_at=self.book.pending_expiry(aid),
         )
-        began = workflow.now()
-        remaining = self.book.expires[aid] - began
-        if remaining.total_seconds() > 0:
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: aid in self.book.decided, timeout=remaining, timeout_summary=f"approval {aid} expires"
-                )
-        carry.waited_s += (workflow.now() - began).total_seconds()
+        await wait_for_decision(self.book, carry, aid, f"approval {aid} expires")
         self.book.expire(aid)
         verdict = self.book.decided[aid]
         if verdict.outcome in ("approved", "retry", "mark_done", "fail"):
