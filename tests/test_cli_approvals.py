@@ -8,6 +8,7 @@ and from the real ``temporal`` CLI (signals).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -216,14 +217,23 @@ def _start(setup: Setup, workflow_id: str, task: str, *options: str) -> None:
     assert started.returncode == 0, started.stderr
 
 
-def _waiting_count(setup: Setup, workflow_id: str) -> int:
-    """How many decisions the run's own status query lists (the Temporal CLI: a cheap process to poll with)."""
+def _queried(setup: Setup, workflow_id: str) -> dict[str, Any] | None:
+    """The run's own status query through the Temporal CLI (a cheap process to poll with), or None.
+
+    Shaped as ``starter.py status --json`` shows a running run: the workflow id, then the view.
+    """
     asked = setup.cli.temporal("workflow", "query", "--workflow-id", workflow_id, "--name", "status", "-o", "json")
     if asked.returncode != 0:
-        return 0
+        return None
     answer = json.loads(asked.stdout)
     view = answer.get("queryResult", [answer])[0] if isinstance(answer, dict) else answer[0]
-    return len(view.get("pending_approvals") or []) if isinstance(view, dict) else 0
+    return {"workflow_id": workflow_id, **view} if isinstance(view, dict) else None
+
+
+def _waiting_count(setup: Setup, workflow_id: str) -> int:
+    """How many decisions the run's own status query lists."""
+    view = _queried(setup, workflow_id)
+    return len(view.get("pending_approvals") or []) if view is not None else 0
 
 
 def _pending(setup: Setup, workflow_id: str, count: int = 1) -> list[dict[str, Any]]:
@@ -253,6 +263,22 @@ def _status(setup: Setup, workflow_id: str) -> dict[str, Any]:
 
 
 def _wait_status(setup: Setup, workflow_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """``starter.py status RUN_ID --json`` once ``done`` holds for it.
+
+    The wait polls the status query with the Temporal CLI (``starter.py`` is a ~1 s process start, which
+    a poll every 0.2 s would pay for tens of times); ``starter.py`` then shows the status that is checked.
+    A condition on a field the query lacks (a closed run's result) is left for ``starter.py`` to decide.
+    """
+
+    def queried() -> bool:
+        view = _queried(setup, workflow_id)
+        assert view is not None, setup.log.read_text()[-2000:]
+        with contextlib.suppress(KeyError, TypeError, IndexError):  # a field the query lacks
+            assert done(view), f"{view}\n{setup.log.read_text()[-2000:]}"
+        return True
+
+    eventually_sync(queried, f"{workflow_id} reaches the awaited status (its status query)", every_s=0.2)
+
     def reached() -> dict[str, Any]:
         data = _status(setup, workflow_id)
         assert done(data), f"{data}\n{setup.log.read_text()[-2000:]}"

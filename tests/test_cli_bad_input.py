@@ -30,7 +30,9 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from tests.conftest import WorkerFactory, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.interrupts import as_from_a_terminal
 from tests.waiting import eventually
+from workflows.agent import AgentWorkflow
 from workflows.types import AgentResult, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,6 +260,7 @@ class Started:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            preexec_fn=as_from_a_terminal,
         )
         self.out: queue.Queue[str | None] = queue.Queue()
         self.err: queue.Queue[str | None] = queue.Queue()
@@ -383,7 +386,7 @@ async def test_list_cancel_and_decisions_show_the_agents_status(
         waiting = await start_agent(client, task_queue, id_prefix="waiting", task="wait me", policy=ASK_EVERYTHING)
         results = [await _ended(client, handle.id) for handle in (done, failed, limited)]
         assert [r.status for r in results] == ["completed", "failed", "limit_exceeded"]
-        await _until_pending(env, waiting.id)
+        await _until_pending(client, waiting.id)
 
         # A decision the run refuses is never reported as done.
         refused = await asyncio.to_thread(
@@ -417,11 +420,10 @@ async def test_list_cancel_and_decisions_show_the_agents_status(
     one_line(watched, 1, f"run {failed.id} has ended (failed)", f"python starter.py status {failed.id}")
 
 
-async def _until_pending(env: dict[str, str], workflow_id: str) -> None:
+async def _until_pending(client: Client, workflow_id: str) -> None:
     async def pending() -> bool:
-        shown = await asyncio.to_thread(starter, env, "pending", workflow_id, "--json")
-        assert shown.returncode == 0, shown.stderr
-        return bool(json.loads(shown.stdout))
+        view = await client.get_workflow_handle(workflow_id).query(AgentWorkflow.status)
+        return bool(view.pending_approvals)
 
     await eventually(pending, f"{workflow_id} waits for an approval", every_s=0.2)
 

@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.interrupts import as_from_a_terminal
 from tests.test_e2e_cli import Cli
 from tests.waiting import DEADLINE_S, eventually_sync
 
@@ -99,6 +100,7 @@ class Terminal:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the pty is its controlling terminal, so Ctrl-C there is its SIGINT
             os.chdir(ROOT)
+            as_from_a_terminal()
             os.execve(sys.executable, argv, env)
         self.pid, self.fd = pid, fd
         self.screen = b""
