@@ -45,6 +45,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
@@ -52,7 +53,7 @@ from temporalio.service import RPCError
 
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
-from durable_agents import logs, telemetry
+from durable_agents import logs
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
 from durable_agents.cli.chat import add_command as add_chat_command
@@ -98,6 +99,9 @@ from durable_agents.cli.watch import add_command as add_watch_command
 from durable_agents.cli.watch import cmd_watch
 from durable_agents.client import TemporalUnavailable, connect
 from durable_agents.version import package_version
+
+if TYPE_CHECKING:
+    from temporalio.plugin import SimplePlugin  # imports the worker: 0.1 s a command needs only when tracing
 
 COMMANDS: dict[str, Command] = {
     "run": cmd_run,
@@ -166,12 +170,12 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         settings = Settings.from_env()
         # Library warnings only, on stderr: stdout is the command's output.
         logs.configure(level="WARNING", secrets=settings.secret_values())
-        telemetry.configure_tracing("durable-agents-starter", settings.observability)
+        plugins = _tracing(settings)
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
         client = await connect(
             settings.temporal,
-            plugins=telemetry.temporal_plugins(),
+            plugins=plugins,
             runtime=quiet_runtime(),
             keyring=settings.encryption.keyring,
             name_encrypted=True,
@@ -205,7 +209,21 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         print(f"error: internal error: {_where(err)}: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
         return EXIT_RUN
     finally:
-        telemetry.shutdown_tracing()  # the process leaves through os._exit: flush spans first
+        if "durable_agents.telemetry" in sys.modules:  # the process leaves through os._exit: flush spans first
+            sys.modules["durable_agents.telemetry"].shutdown_tracing()
+
+
+def _tracing(settings: Settings) -> list[SimplePlugin]:
+    """Temporal's tracing plugin when ``OTEL_TRACES_EXPORTER`` / an OTLP endpoint asks for traces, else none.
+
+    OpenTelemetry is imported only then: it is a tenth of a command's start-up, which every command pays.
+    """
+    if not settings.observability.trace_exporters:
+        return []
+    from durable_agents import telemetry
+
+    telemetry.configure_tracing("durable-agents-starter", settings.observability)
+    return telemetry.temporal_plugins()
 
 
 def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
