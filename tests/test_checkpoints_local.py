@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import stat
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -328,12 +327,26 @@ async def test_the_marker_lives_outside_the_workspace_and_cannot_be_forged(
     assert [p.name for p in box.directory.iterdir() if p.name.startswith(".checkpoint")] == []  # no temp left
 
 
+@pytest.fixture
+async def loop_box(tmp_path: Path) -> AsyncIterator[LocalSandbox]:
+    """A sandbox on a loop-mounted ext4 workspace (the only kind with a lost+found)."""
+    require_bwrap()
+    made = LocalSandboxBackend(
+        tmp_path / "loop-sandboxes", LocalLimits(timeout_s=20, disk_mb=256), quota_mechanism=quota.LOOP
+    )
+    try:
+        yield await made.create("ckpt-loop", metadata={})
+    finally:
+        await remove_all(made)
+
+
+@pytest.mark.skipif(quota.LOOP not in MECHANISMS, reason="loop-mounted workspaces need root and losetup")
 @pytest.mark.asyncio
 async def test_loop_workspace_lost_and_found_is_never_stored_nor_removed(
-    box: LocalSandbox, store: SQLiteRunStore
+    loop_box: LocalSandbox, store: SQLiteRunStore
 ) -> None:
-    if box.quota_mechanism != quota.LOOP:
-        pytest.skip("only a loop-mounted ext4 workspace has lost+found")
+    box = loop_box
+    assert box.quota_mechanism == quota.LOOP
     lost = box.workspace / "lost+found"
     lost.mkdir()
     (lost / "#12").write_bytes(b"recovered")
@@ -356,15 +369,9 @@ async def test_incremental_take_of_a_50_mib_workspace(box: LocalSandbox, store: 
     await box.write_file("w/small.txt", b"t" * 10_000)
     second = await take(box, store)
     assert second.read_bytes == 10_000 and second.files == 51
-    t0 = time.monotonic()
     await restore(box, store, first.checkpoint_id)
-    restore_ms = int((time.monotonic() - t0) * 1000)
     assert (box.workspace / "w/small.txt").read_bytes() == b"s" * 10_000
-    print(
-        f"\n[{box.quota_mechanism}] take 50 x 1 MiB + 10 KB: first {first.duration_ms} ms, "
-        f"incremental {second.duration_ms} ms; restore of the changed file {restore_ms} ms"
-    )
-    assert second.duration_ms < max(2000, first.duration_ms)
+    # How long each takes is bench/checkpoints.py's to measure; here only what was read counts.
 
 
 def test_manifest_of_a_restore_ignores_unsafe_entries(tmp_path: Path) -> None:
