@@ -27,6 +27,7 @@ from workflows.types import Message
 
 MAX_SESSION_ENTRIES = 1_000_000
 TENANT_META = "tenant"
+USER_META = "user"
 log = structlog.get_logger("activities.sessions")
 
 
@@ -41,7 +42,7 @@ class SessionActivities:
         run_id = activity.info().workflow_run_id or ""
         first = await store.get_message(req.conversation_id, 0)
         if first is None:
-            meta: dict[str, object] = {"run": run_id, TENANT_META: req.tenant, "session": True}
+            meta: dict[str, object] = {"run": run_id, TENANT_META: req.tenant, USER_META: req.user, "session": True}
             stored = await store.put_message(
                 req.conversation_id, 0, Message(role="system", content=req.system_prompt), meta
             )
@@ -54,6 +55,13 @@ class SessionActivities:
             mine = f"tenant {quote(req.tenant)}" if req.tenant else "no tenant"
             raise ApplicationError(
                 f"session conversation {quote(req.conversation_id)} belongs to another tenant than this run's ({mine})",
+                type="InvalidInput",
+                non_retryable=True,
+            )
+        if first.meta.get("session") and str(first.meta.get(USER_META, "")) != req.user:
+            mine = f"user {quote(req.user)}" if req.user else "no user"
+            raise ApplicationError(
+                f"session conversation {quote(req.conversation_id)} belongs to another user than this run's ({mine})",
                 type="InvalidInput",
                 non_retryable=True,
             )

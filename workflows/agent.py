@@ -396,6 +396,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                     conversation_id=conversation_id,
                     task="" if inp.session is not None else inp.task,  # a session takes it as its first message
                     tenant=inp.tenant,
+                    user=inp.user,
                 ),
                 result_type=ForkResult,
                 start_to_close_timeout=timedelta(seconds=120),
@@ -521,7 +522,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         try:
             opened: SessionOpenResult = await workflow.execute_activity(
                 "session_open",
-                SessionOpenRequest(conversation_id=conversation_id, tenant=inp.tenant, system_prompt=system_prompt),
+                SessionOpenRequest(
+                    conversation_id=conversation_id, tenant=inp.tenant, user=inp.user, system_prompt=system_prompt
+                ),
                 result_type=SessionOpenResult,
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["InvalidInput"]),

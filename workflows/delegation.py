@@ -216,6 +216,7 @@ def child_input(
         "policy": child_policy(inp.policy, definition.policy),
         "approvers": inp.approvers,
         "tenant": inp.tenant,
+        "user": inp.user,
         "depth": inp.depth + 1,
         "budget": carry.budget,
         "parent_conversation": carry.conversation_id if definition.share_sandbox else "",

@@ -111,6 +111,7 @@ class SessionOpenRequest(BaseModel):
 
     conversation_id: str  # "<workflow id>/session"
     tenant: str = ""  # the session's; a conversation found must be this tenant's
+    user: str = ""  # the session's user; a conversation found must be this user's
     system_prompt: str = ""  # stored at position 0 when the conversation is new
 
 

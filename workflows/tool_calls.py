@@ -265,6 +265,7 @@ class ToolCallRunner:
             idempotency_key=key,
             sandbox_id=carry.sandbox_id,
             tenant=inp.tenant,
+            user=inp.user,
             policy_verdict=decision.verdict,
             policy_rule=decision.rule,
             mcp=call.mcp,

@@ -279,6 +279,9 @@ class AgentInput(KnownKeys):
     policy: dict[str, Any] = Field(default_factory=dict)
     approvers: list[Name] = Field(default_factory=list, max_length=MAX_APPROVERS)  # empty: anyone may decide
     tenant: Name = ""  # who the run is for (search attribute AgentTenant); a fork's source must share it
+    # The tenant's user the run acts for ("" for none): with ``tenant``, the namespace of what the run
+    # keeps; sub-agents and sessions keep both, and a fork's source must have the same.
+    user: Name = ""
     system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)  # empty: the built-in prompt
     # None: every operator-defined sub-agent; a list enables operator-defined ones by name; a dict
     # adds its own (or replaces operator-defined ones of the same name) to the operator's.
@@ -611,6 +614,7 @@ class ToolInvocation(BaseModel):
     idempotency_key: str  # identical on every retry, replay and continue-as-new of this call
     sandbox_id: str = ""  # the run's sandbox (sandbox tools)
     tenant: str = ""  # the run's tenant
+    user: str = ""  # the run's user (within its tenant)
     # A human's resolution of an unknown outcome: "" (normal run), "retry", "mark_done" or "fail".
     resolution: str = ""
     resolution_note: str = ""  # the reviewer's comment on that resolution
@@ -674,6 +678,7 @@ class ForkRequest(BaseModel):
     conversation_id: str  # the fork's own
     task: str = ""  # a new instruction after the source's steps ("" for none)
     tenant: str = ""  # the fork's own (its input's); the source's must be the same
+    user: str = ""  # the fork's own (its input's); the source's must be the same
 
 
 class ForkResult(BaseModel):

@@ -7,8 +7,8 @@ fork's first model turn is step N + 1, and its workspace is restored from that c
 first sandbox tool runs. The source is only read.
 
 Nothing the fork's caller sends decides whose run is read: the source must be an agent run of the
-fork's own tenant, as the source's own start input (in its history, the first run of its chain's
-too) and its ``AgentTenant`` search attribute say, and the conversation its ``status`` names must
+fork's own tenant and user, as the source's own start input (in its history, the first run of its
+chain's too) and its ``AgentTenant`` search attribute say, and the conversation its ``status`` names must
 be one of the source's own. ``AGENT_ALLOW_FORK_INPUT=0`` refuses every fork. A refusal copies
 nothing and fails the fork with ``invalid run input: fork: ...``.
 """
@@ -140,18 +140,22 @@ async def _source_run(req: ForkRequest) -> SourceRun:
     started = await _start_event(handle)
     if started is None:
         raise _refused(f"{wid} has no start event in its history")
-    tenants = {await _tenant(wid, started)}
+    owners = {await _owner(wid, started)}
     first_run = started.first_execution_run_id or desc.run_id
     if first_run != desc.run_id:  # a continued run: its chain's first run says it too (unless it is gone)
         first = await _start_event(client.get_workflow_handle(wid, run_id=first_run))
         if first is not None:
-            tenants.add(await _tenant(wid, first))
+            owners.add(await _owner(wid, first))
+    tenants = {tenant for tenant, _ in owners}
     attribute = desc.typed_search_attributes.get(TENANT)
     if attribute is not None:
         tenants.add(attribute)
     if tenants != {req.tenant}:
         mine = f"tenant {quote(req.tenant)}" if req.tenant else "no tenant"
         raise _refused(f"{wid} is not a run of this run's tenant ({mine}); a fork's source must have its tenant")
+    if {user for _, user in owners} != {req.user}:
+        mine = f"user {quote(req.user)}" if req.user else "no user"
+        raise _refused(f"{wid} is not a run of this run's user ({mine}); a fork's source must have its user")
     return SourceRun(handle=handle, first_run=first_run)
 
 
@@ -169,8 +173,8 @@ async def _start_event(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionSta
     return None
 
 
-async def _tenant(wid: str, started: WorkflowExecutionStartedEventAttributes) -> str:
-    """The tenant of the agent run that ``started`` started: from its own input, never from the fork's."""
+async def _owner(wid: str, started: WorkflowExecutionStartedEventAttributes) -> tuple[str, str]:
+    """The tenant and user of the agent run that ``started`` started: from its own input, never the fork's."""
     if started.workflow_type.name != "AgentWorkflow":
         raise _refused(f"{wid} is not an agent run")
     try:
@@ -179,7 +183,7 @@ async def _tenant(wid: str, started: WorkflowExecutionStartedEventAttributes) ->
         raise _refused(f"{wid}'s input does not decode as an agent run's") from None
     if not isinstance(inp, AgentInput):
         raise _refused(f"{wid}'s input does not decode as an agent run's")
-    return inp.tenant
+    return inp.tenant, inp.user
 
 
 async def _source_status(req: ForkRequest, handle: WorkflowHandle[Any, Any]) -> StatusView:

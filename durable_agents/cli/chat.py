@@ -109,6 +109,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     chat.add_argument("--max-steps", type=positive_int, help="model turns per message before limit_exceeded")
     chat.add_argument("--timeout", type=positive_int, dest="timeout_s", help="seconds of work per message")
     chat.add_argument("--tenant", default="", help="tenant label for a new session")
+    chat.add_argument("--user", default="", help="the tenant's user a new session acts for")
     add_run_options(chat)
     for action in chat._actions:  # run's --reviewer, said for the chat
         if "--reviewer" in action.option_strings:
@@ -125,6 +126,7 @@ def session_input(args: argparse.Namespace) -> AgentInput:
             tools=args.tools,
             limits=Limits(**{name: value for name, value in chosen.items() if value}),
             tenant=args.tenant,
+            user=args.user,
             approvers=args.approvers,
             policy=load_run_policy(args.policy_file),
         )

@@ -66,7 +66,9 @@ MAX_STEP = 1_000_000  # ForkSpec.step's bound
 FORK_SUMMARY_TASK_CHARS = 100
 # What a fork keeps of its source's input (a fork is a run started from outside: no depth, budget, parent).
 # A session's fork is a session.
-KEPT_FIELDS = ("tools", "limits", "policy", "approvers", "tenant", "system_prompt", "subagents", "session")
+KEPT_FIELDS = (
+    "tools", "limits", "policy", "approvers", "tenant", "user", "system_prompt", "subagents", "session",
+)  # fmt: skip
 
 
 def step_number(text: str) -> int:

@@ -72,6 +72,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--timeout", type=positive_int, dest="timeout_s", help="run deadline in seconds")
     run.add_argument("--tools", type=name_list, help="comma-separated tool names (default: all)")
     run.add_argument("--tenant", default="", help="tenant label for the run")
+    run.add_argument("--user", default="", help="the tenant's user the run acts for")
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--wait", action="store_true", help="wait for the result")
     mode.add_argument("--follow", action="store_true", help="show progress until the run ends")
@@ -144,6 +145,7 @@ def run_input(args: argparse.Namespace) -> AgentInput:
             tools=args.tools,
             limits=Limits(**{name: value for name, value in chosen.items() if value}),
             tenant=args.tenant,
+            user=args.user,
             approvers=args.approvers,
             policy=load_run_policy(args.policy_file),
         )
@@ -272,6 +274,8 @@ def static_details(inp: AgentInput) -> str:
     ]
     if inp.tenant:
         lines += ["", f"**tenant** {inp.tenant}"]
+    if inp.user:
+        lines += ["", f"**user** {inp.user}"]
     if inp.approvers:
         lines += ["", f"**approvers** {', '.join(inp.approvers)}"]
     if inp.policy:
