@@ -84,7 +84,6 @@ async def test_a_fork_of_another_users_run_fails_and_copies_nothing(
             AgentInput(task="check the file", tenant="acme", user=user, fork=ForkSpec(workflow_id=source.id, step=1)),
             id=f"user-fork-{user or 'none'}-{uuid.uuid4().hex[:6]}",
             task_queue=tq,
-            result_type=AgentResult,
         )
 
     async with run_worker(client, runtime) as tq:
@@ -117,7 +116,6 @@ async def test_a_session_restarted_by_another_user_reads_nothing(
             AgentInput(session=SessionSpec(), tenant="acme", user=user),
             id=session_id,
             task_queue=tq,
-            result_type=AgentResult,
         )
 
     async def replied(handle: WorkflowHandle[Any, Any], seq: int) -> StatusView | None:
