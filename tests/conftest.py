@@ -247,10 +247,33 @@ def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
     return Runtime.from_settings(replace(runtime.settings, **changes))
 
 
+# Modules holding the suite's longest tests (a minute or more on a loaded machine): started first, so
+# that none of them is what the other xdist workers wait for at the end of the run.
+LONGEST_FIRST = (
+    "tests/test_session_history.py",
+    "tests/test_crash_recovery.py",
+    "tests/test_cluster.py",
+    "tests/test_subagents.py",
+    "tests/test_checkpoint_budget.py",
+    "tests/test_cli_humans.py",
+    "tests/test_mcp_processes.py",
+    "tests/test_fail_workflow_on_error.py",
+    "tests/test_cli_worker_hint.py",
+    "tests/test_store_outage.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests spread one by one over the xdist workers (``--dist loadgroup``), except that the tests of
     a module with a module-scoped fixture (a built wheel, a shared worker) stay together, so that
-    fixture is made once."""
+    fixture is made once. The modules of ``LONGEST_FIRST`` go first (a stable sort: every worker
+    collects the same order)."""
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
     for item in items:
         definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(d.scope == "module" for defs in definitions.values() for d in defs):
