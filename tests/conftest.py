@@ -95,14 +95,14 @@ class _BoundedQueriesOutbound(OutboundInterceptor):
         if input.rpc_timeout is not None:
             return await super().query_workflow(input)
         bounded = replace(input, rpc_timeout=QUERY_RPC_TIMEOUT)
-        for attempt in range(1, QUERY_ATTEMPTS + 1):
+        for _ in range(QUERY_ATTEMPTS - 1):
             try:
                 return await super().query_workflow(bounded)
             except RPCTimeoutOrCancelledError:
                 task = asyncio.current_task()
-                if attempt == QUERY_ATTEMPTS or (task is not None and task.cancelling()):
+                if task is not None and task.cancelling():
                     raise
-        raise AssertionError("unreachable")
+        return await super().query_workflow(bounded)
 
 
 BOUNDED_QUERIES: list[Interceptor] = [_BoundedQueries()]

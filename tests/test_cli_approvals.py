@@ -218,6 +218,10 @@ def _start(setup: Setup, workflow_id: str, task: str, *options: str) -> None:
     assert started.returncode == 0, started.stderr
 
 
+# The Temporal CLI prints an empty list or dict as null; starter.py shows the view's [] or {}.
+_EMPTY = {name: field.default_factory for name, field in StatusView.model_fields.items() if field.default_factory}
+
+
 def _queried(setup: Setup, workflow_id: str) -> dict[str, Any] | None:
     """The run's own status query through the Temporal CLI (a cheap process to poll with), or None.
 
@@ -230,9 +234,7 @@ def _queried(setup: Setup, workflow_id: str) -> dict[str, Any] | None:
     view = answer.get("queryResult", [answer])[0] if isinstance(answer, dict) else answer[0]
     if not isinstance(view, dict):
         return None
-    # The Temporal CLI prints an empty list or dict as null; starter.py shows the view's [] or {}.
-    empty = {name: field.default_factory for name, field in StatusView.model_fields.items() if field.default_factory}
-    shown = {k: (empty[k]() if v is None and k in empty else v) for k, v in view.items()}  # type: ignore[call-arg]
+    shown = {k: (_EMPTY[k]() if v is None and k in _EMPTY else v) for k, v in view.items()}  # type: ignore[call-arg]
     return {"workflow_id": workflow_id, **shown}
 
 

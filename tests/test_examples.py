@@ -63,6 +63,16 @@ def example_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def run_example(module: str, *args: str, env: dict[str, str], worker: WorkerProc) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` against ``worker``: it must exit 0 without a traceback."""
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nworker log:\n{worker.tail()}"
+    assert "Traceback" not in run.stderr, run.stderr
+    return run
+
+
 def wait_closed(cli: Cli, workflow_id: str, worker: WorkerProc, within_s: float = 30.0) -> None:
     """Until ``temporal workflow describe`` shows the run closed; fails at once if the worker process exits."""
 

@@ -7,15 +7,13 @@ lists the answer and the edited approval.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from tests.fakes.worker_proc import ROOT, WorkerProc
-from tests.test_examples import example_env
+from tests.fakes.worker_proc import WorkerProc
+from tests.test_examples import example_env, run_example
 
 
 async def test_the_review_example_answers_a_question_and_approves_an_edited_call(
@@ -32,16 +30,8 @@ async def test_the_review_example_answers_a_question_and_approves_an_edited_call
     run_id = f"review-{uuid.uuid4().hex[:8]}"
     worker = WorkerProc(env, tmp_path / "worker.log")
     try:
-        run = subprocess.run(  # noqa: ASYNC221 (the worker is another process; nothing on this loop waits)
-            [sys.executable, "-m", "examples.humans.review", "--id", run_id],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nworker log:\n{worker.tail()}"
-        assert "Traceback" not in run.stderr, run.stderr
+        # The worker is another process; nothing on this loop waits.
+        run = run_example("examples.humans.review", "--id", run_id, env=env, worker=worker)
         lines = run.stdout.splitlines()
         assert lines[:3] == [
             f"run {run_id} started",

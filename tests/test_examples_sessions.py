@@ -7,16 +7,14 @@ each step, and the session's history shows two executions under one id on one co
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import require_bwrap
-from tests.fakes.worker_proc import ROOT, WorkerProc
-from tests.test_examples import example_env
+from tests.fakes.worker_proc import WorkerProc
+from tests.test_examples import example_env, run_example
 from tests.waiting import eventually
 
 SANDBOX_SAID = "    - sandboxed Python said: primes below 60: 17, mean 25.88, largest 59"
@@ -34,16 +32,8 @@ async def test_sessions_example_sends_closes_and_wakes(dev_env: WorkflowEnvironm
     session_id = f"chat-{uuid.uuid4().hex[:8]}"
     worker = WorkerProc(env, tmp_path / "worker.log")
     try:
-        run = subprocess.run(  # noqa: ASYNC221 (the worker is another process; nothing on this loop waits)
-            [sys.executable, "-m", "examples.sessions.chat", "--id", session_id],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nworker log:\n{worker.tail()}"
-        assert "Traceback" not in run.stderr, run.stderr
+        # The worker is another process; nothing on this loop waits.
+        run = run_example("examples.sessions.chat", "--id", session_id, env=env, worker=worker)
         assert run.stdout.splitlines() == [
             f"session {session_id} started",
             "send m1: accepted=True seq=1 duplicate=False",

@@ -6,7 +6,6 @@ the ``decide`` update and the signals (``tests/test_cli_humans.py`` drives the s
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -21,6 +20,7 @@ from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_approvals import decide, pending, post, sink, tool_results
 from tests.test_sessions import replied, send, start_session
+from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.identity import idempotency_key
 from workflows.narration import details_markdown
@@ -208,13 +208,12 @@ async def test_remember_call_and_tool_scopes(
 
 async def pending_other(handle: WorkflowHandle[AgentWorkflow, AgentResult], seen: set[str]) -> str:
     """The id of a pending approval not in ``seen``, once there is one."""
-    for _ in range(400):
+
+    async def fresh() -> str | None:
         view = await handle.query(AgentWorkflow.status)
-        fresh = [a.approval_id for a in view.pending_approvals if a.approval_id not in seen]
-        if fresh:
-            return fresh[0]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no new approval; status: {view}")
+        return next((a.approval_id for a in view.pending_approvals if a.approval_id not in seen), None)
+
+    return await eventually(fresh, "a new pending approval")
 
 
 async def test_a_quorum_of_two_distinct_reviewers(

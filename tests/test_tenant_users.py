@@ -19,11 +19,11 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from tests.conftest import WorkerFactory, require_bwrap, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.test_trust_inputs import copied_nothing, forkable
+from tests.test_trust_inputs import copied_nothing, fork_of, forkable
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
-from workflows.types import AgentInput, AgentResult, ForkSpec, StatusView, SubagentDef
+from workflows.types import AgentInput, AgentResult, StatusView, SubagentDef
 
 
 async def start_input(client: Client, workflow_id: str) -> AgentInput:
@@ -77,25 +77,16 @@ async def test_a_fork_of_another_users_run_fails_and_copies_nothing(
     secret = f"ANN-ONLY-{uuid.uuid4().hex}"
     llm.default = forkable(secret)
     client = dev_env.client
-
-    async def fork(user: str) -> WorkflowHandle[Any, AgentResult]:
-        return await client.start_workflow(
-            AgentWorkflow.run,
-            AgentInput(task="check the file", tenant="acme", user=user, fork=ForkSpec(workflow_id=source.id, step=1)),
-            id=f"user-fork-{user or 'none'}-{uuid.uuid4().hex[:6]}",
-            task_queue=tq,
-        )
-
     async with run_worker(client, runtime) as tq:
         source = await start_agent(client, tq, id_prefix="user-ann", task="write it", tenant="acme", user="ann")
         assert (await source.result()).status == "completed"
         requests_before = len(llm.requests)
-        bob, nobody = await fork("bob"), await fork("")
+        bob, nobody = await fork_of(client, tq, source.id, "acme", "bob"), await fork_of(client, tq, source.id, "acme")
         bob_message, nobody_message = await failure(bob), await failure(nobody)
         await copied_nothing(client, runtime, bob)
         await copied_nothing(client, runtime, nobody)
         assert len(llm.requests) == requests_before
-        forked = await (await fork("ann")).result()
+        forked = await (await fork_of(client, tq, source.id, "acme", "ann")).result()
     expected = f"invalid run input: fork: {source.id} is not a run of this run's user"
     assert bob_message == f"{expected} (user 'bob'); a fork's source must have its user", bob_message
     assert nobody_message.startswith(f"{expected} (no user)"), nobody_message

@@ -353,11 +353,11 @@ def forkable(secret: str) -> Any:
     return reply
 
 
-async def fork_of(client: Client, tq: str, source: str, tenant: str) -> WorkflowHandle[Any, Any]:
+async def fork_of(client: Client, tq: str, source: str, tenant: str, user: str = "") -> WorkflowHandle[Any, Any]:
     return await client.start_workflow(
         AgentWorkflow.run,
-        AgentInput(task="check the file", tenant=tenant, fork=ForkSpec(workflow_id=source, step=1)),
-        id=f"trust-fork-{tenant or 'none'}-{uuid.uuid4().hex[:6]}",
+        AgentInput(task="check the file", tenant=tenant, user=user, fork=ForkSpec(workflow_id=source, step=1)),
+        id=f"trust-fork-{tenant or 'none'}-{user or 'none'}-{uuid.uuid4().hex[:6]}",
         task_queue=tq,
     )
 
