@@ -20,6 +20,7 @@ from activities.store_errors import store_guarded
 from activities.subagents import load as load_definitions
 from activities.subagents import resolve, slim
 from activities.subagents import store as store_definitions
+from activities.tenant_quota import reserve as reserve_tenant_run
 from activities.tools.registry import RESERVED_NAMES
 from workflows.types import RunConfig, RunConfigRequest, SubagentDef
 
@@ -87,6 +88,8 @@ class RunConfigActivities:
         if subagents and not ref:
             ref = await store_definitions(self._rt.store, subagents)
         settings = self._rt.settings
+        # Last: a run refused for its inputs above never takes one of its tenant's places.
+        tenant_slot = req.open_run and await reserve_tenant_run(self._rt, req.tenant, activity.info().workflow_id or "")
         return RunConfig(
             subagents=slim(subagents),
             subagents_ref=ref,
@@ -103,6 +106,7 @@ class RunConfigActivities:
             notes=[unpriced, *mcp.notes] if unpriced else mcp.notes,
             cost_tracked=not unpriced,
             fail_workflow_on_error=settings.fail_workflow_on_error,
+            tenant_slot=tenant_slot,
         )
 
     async def _own_definition(

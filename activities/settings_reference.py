@@ -265,6 +265,13 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("AGENT_MAX_TREE_RUNS", EXTENSIONS, "Runs one tree may hold, its root included.", "max_tree_runs"),
     Variable("AGENT_MAX_DEPTH", EXTENSIONS, "Ceiling of every run's and sub-agent's `limits.max_depth`.", "max_depth"),
+    Variable(
+        "AGENT_TENANT_MAX_OPEN_RUNS",
+        POLICY,
+        "Open top-level runs and sessions one tenant may have (0: any number); a run over it fails at its start, "
+        "naming the limit.",
+        "tenant_max_open_runs",
+    ),
     # --- Run store and state
     Variable(
         "AGENT_STORE_URL",

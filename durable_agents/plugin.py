@@ -57,6 +57,7 @@ from activities.runtime import Runtime
 from activities.sandbox.activity import SandboxActivities
 from activities.sessions import SessionActivities
 from activities.settings import ConfigurationError, Settings
+from activities.tenant_quota import TenantQuotaActivities
 from activities.tools.activity import CompensationActivities, TranscriptActivities, tool_activities
 from activities.tools.registry import ToolRegistry
 from durable_agents.health import HealthServer, WorkerHealth
@@ -126,6 +127,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         ForkActivities(runtime).fork_prepare,
         SessionActivities(runtime).session_open,
         DelegationActivities(runtime).tree_run_reserve,
+        TenantQuotaActivities(runtime).tenant_run_release,
         *tool_activities(runtime),
     ]
 

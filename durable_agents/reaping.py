@@ -18,6 +18,7 @@ from activities.checkpoints.gc import workflow_of
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
+from activities.tenant_quota import open_checker, release_closed
 from workflows.identity import SESSION_RUN
 
 log = structlog.get_logger("reaper")
@@ -111,7 +112,8 @@ async def reap_forever(
     """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
 
     A pass kills the sandboxes of closed runs, then (with ``store``) deletes the run store blobs no
-    open run or kept checkpoint references.
+    open run or kept checkpoint references and gives back the tenant places (``AGENT_TENANT_MAX_OPEN_RUNS``)
+    of runs that closed without giving theirs back.
     """
     while True:
         await asyncio.sleep(every_s)
@@ -133,3 +135,10 @@ async def reap_forever(
                 log.info(
                     "checkpoint_gc", deleted=collected.deleted, kept=collected.kept, problems=len(collected.problems)
                 )
+        try:
+            released = await release_closed(store(), open_checker(client))
+        except Exception as exc:
+            log.warning("tenant_runs_check_failed", error=str(exc)[:300])
+        else:
+            if released:
+                log.info("tenant_runs_released", released=released)

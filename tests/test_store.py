@@ -398,3 +398,15 @@ async def test_tree_runs_are_counted_up_to_the_cap(store: RunStore) -> None:
     assert await store.tree_run_reserve(root, "child-1", 3)  # a retry of a counted start
     assert await store.tree_runs(root) == 3
     assert await store.tree_run_reserve(f"{root}-other", "child-0", 3)  # trees are counted apart
+
+
+async def test_a_tenants_open_runs_are_counted_up_to_the_cap_and_given_back(store: RunStore) -> None:
+    tenant = f"tenant-{uuid.uuid4().hex[:8]}"
+    verdicts = [await store.tenant_run_reserve(tenant, f"run-{i}", 2) for i in range(3)]
+    assert verdicts == [(True, []), (True, []), (False, ["run-0", "run-1"])]
+    assert await store.tenant_run_reserve(tenant, "run-1", 2) == (True, [])  # a retry of a counted start
+    assert await store.tenant_run_reserve(f"{tenant}-other", "run-0", 2) == (True, [])  # tenants are counted apart
+    assert await store.tenant_runs(tenant) == [(tenant, "run-0"), (tenant, "run-1")]
+    assert await store.tenant_run_release(tenant, "run-0") and not await store.tenant_run_release(tenant, "run-0")
+    assert await store.tenant_run_reserve(tenant, "run-2", 2) == (True, [])
+    assert (f"{tenant}-other", "run-0") in await store.tenant_runs()

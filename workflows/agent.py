@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.trust import Lineage, input_problem
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
+        TENANT_QUOTA_EXCEEDED,
         AgentInput,
         AgentResult,
         Carry,
@@ -67,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         RunState,
         SandboxRequest,
         StatusView,
+        TenantRunRelease,
         ToolCall,
         TranscriptEntry,
         TreeBudget,
@@ -93,6 +95,7 @@ MODEL_RETRY = RetryPolicy(
 )
 # A failed transcript append no longer skips the sandbox kill (each cleanup step runs on its own).
 CLEANUP_STEPS_PATCH = "cleanup-steps-independent-v1"
+TENANT_SLOT_PATCH = "tenant-open-runs-v1"
 BUDGET_EXHAUSTED = "BudgetExhausted"  # the model activity's refusal: the tree of runs spent its budget
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent running inside a durable runtime. Use the tools to do the task; "
@@ -322,15 +325,22 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                     explicit_cost_cap=inp.budget is None
                     and "max_cost_usd" in inp.limits.model_fields_set
                     and inp.limits.max_cost_usd > 0,
+                    tenant=inp.tenant,
+                    open_run=info.parent is None,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
                 retry_policy=RetryPolicy(
-                    maximum_attempts=3, non_retryable_error_types=["InvalidInput", "InvalidPolicy"]
+                    maximum_attempts=3,
+                    non_retryable_error_types=["InvalidInput", "InvalidPolicy", TENANT_QUOTA_EXCEEDED],
                 ),
             )
         except (ActivityError, ApplicationError) as err:  # a local activity's failure arrives unwrapped
             problem = err.message if isinstance(err, ApplicationError) else cause_text(err)
+            if isinstance(err, ApplicationError) and err.type == TENANT_QUOTA_EXCEEDED:
+                raise ApplicationError(
+                    safe(problem, MESSAGE_MAX), type=TENANT_QUOTA_EXCEEDED, non_retryable=True
+                ) from None
             raise _invalid_input(safe(problem, MESSAGE_MAX)) from None
         system_prompt = inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT
         opening = [Message(role="system", content=system_prompt), Message(role="user", content=inp.task)]
@@ -358,6 +368,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             mcp_per_run=config.mcp_per_run,
             cost_tracked=config.cost_tracked,
             fail_workflow_on_error=config.fail_workflow_on_error,
+            tenant_slot=config.tenant_slot,
             budget=inp.budget
             or (
                 TreeBudget(
@@ -600,6 +611,20 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                 )
             except ActivityError as err:
                 workflow.logger.warning("cleanup: stopping per-run MCP servers failed: %s", cause_text(err))
+        # Only runs counted among their tenant's open runs (none recorded before AGENT_TENANT_MAX_OPEN_RUNS).
+        if carry.tenant_slot and workflow.patched(TENANT_SLOT_PATCH):
+            try:
+                await workflow.execute_activity(
+                    "tenant_run_release",
+                    TenantRunRelease(tenant=self._input.tenant if self._input else ""),
+                    result_type=bool,
+                    start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
+                    retry_policy=HOUSEKEEPING_RETRY,
+                    summary="give back the tenant's open-run place",
+                )
+                carry.tenant_slot = False
+            except ActivityError as err:  # the reaper gives it back once the run is closed
+                workflow.logger.warning("cleanup: giving back the tenant's open-run place failed: %s", cause_text(err))
 
     # --- limits and bookkeeping ----------------------------------------------------------
 

@@ -206,6 +206,8 @@ class Carry(BaseModel):
     cost_tracked: bool = True  # RunConfig.cost_tracked, shown by ``status`` after continue-as-new too
     # RunConfig.fail_workflow_on_error: a failed or limit_exceeded end fails the workflow (AgentRunFailed).
     fail_workflow_on_error: bool = False
+    # RunConfig.tenant_slot: the run holds a place among its tenant's open runs; its cleanup gives it back.
+    tenant_slot: bool = False
     session: SessionCarry | None = None  # set for sessions: their messages, queue and idle time
     # What a session's idempotency keys and approval ids derive from: "<workflow id>/<first run id>", so
     # that a session woken under the same workflow id after it ended never meets its earlier keys.
@@ -514,6 +516,16 @@ class TranscriptEntry(BaseModel):
 # --- model activity -------------------------------------------------------------
 
 
+# The error type of a run refused at its start because its tenant has AGENT_TENANT_MAX_OPEN_RUNS open already.
+TENANT_QUOTA_EXCEEDED = "TenantQuotaExceeded"
+
+
+class TenantRunRelease(BaseModel):
+    """``tenant_run_release``: the run (the activity's own workflow id) no longer counts among its tenant's."""
+
+    tenant: Name = ""
+
+
 class RunConfigRequest(BaseModel):
     model: str = ""
     tools: list[str] | None = None
@@ -522,6 +534,9 @@ class RunConfigRequest(BaseModel):
     as_subagent: str = ""  # ... and which of them it is (its model, tools and system prompt)
     # The run's input set limits.max_cost_usd (> 0) itself: an unpriced model is then refused (AGENT_ALLOW_UNPRICED).
     explicit_cost_cap: bool = False
+    tenant: Name = ""  # the run's tenant, for AGENT_TENANT_MAX_OPEN_RUNS
+    # A top-level run (no parent workflow): counted among its tenant's open runs while it is open.
+    open_run: bool = False
 
 
 class RunConfig(BaseModel):
@@ -543,6 +558,7 @@ class RunConfig(BaseModel):
     max_depth: int = MAX_DEPTH  # AGENT_MAX_DEPTH
     cost_tracked: bool = True  # False: the model has no price (its turns cost $0; max_cost_usd cannot stop it)
     fail_workflow_on_error: bool = False  # AGENT_FAIL_WORKFLOW_ON_ERROR (see ``Carry``)
+    tenant_slot: bool = False  # counted among its tenant's open runs (AGENT_TENANT_MAX_OPEN_RUNS): release at the end
 
 
 class ModelRequest(BaseModel):

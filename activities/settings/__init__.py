@@ -123,6 +123,8 @@ class Settings:
     max_subagent_calls_per_turn: int = 10  # AGENT_MAX_SUBAGENT_CALLS_PER_TURN: the extra calls get a tool error
     max_tree_runs: int = 50  # AGENT_MAX_TREE_RUNS: runs of one tree (its root included), reserved in the run store
     max_depth: int = 3  # AGENT_MAX_DEPTH: the ceiling of every run's and sub-agent's limits.max_depth
+    # AGENT_TENANT_MAX_OPEN_RUNS: open top-level runs and sessions one tenant may have (0: any number)
+    tenant_max_open_runs: int = 0
     mcp_config: str = ""  # AGENT_MCP_CONFIG: the operator's MCP servers ({"mcpServers": ...}, JSON)
     approval_key: SecretStr | None = None
     allow_fork_input: bool = True  # AGENT_ALLOW_FORK_INPUT=0: a run input's ``fork`` is refused (fork_prepare)
@@ -197,6 +199,7 @@ class Settings:
             max_subagent_calls_per_turn=reader.integer("AGENT_MAX_SUBAGENT_CALLS_PER_TURN", 10, low=0, high=1000),
             max_tree_runs=reader.integer("AGENT_MAX_TREE_RUNS", 50, low=1, high=1_000_000),
             max_depth=reader.integer("AGENT_MAX_DEPTH", 3, low=0, high=MAX_DEPTH),
+            tenant_max_open_runs=reader.integer("AGENT_TENANT_MAX_OPEN_RUNS", 0, low=0, high=1_000_000),
             mcp_config=reader.text("AGENT_MCP_CONFIG"),
             approval_key=reader.secret("AGENT_APPROVAL_KEY"),
             allow_fork_input=reader.flag("AGENT_ALLOW_FORK_INPUT", True),

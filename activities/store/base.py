@@ -11,6 +11,7 @@ Ledger entries are addressed by idempotency key (see ``activities.store.ledger``
 
 Budget rows are one per model turn of a tree of runs, under the tree's root (see
 ``activities.store.budget``); tree-run rows one per sub-agent run a tree started, under the same root.
+Tenant-run rows are one per open top-level run or session of a tenant (``AGENT_TENANT_MAX_OPEN_RUNS``).
 
 Blobs are content-addressed: stored once under ``"sha256:<64 hex>"`` of their
 bytes, zlib-compressed when that makes them smaller, and checked against that
@@ -208,6 +209,23 @@ class RunStore(Protocol):
 
     async def tree_runs(self, root: str) -> int:
         """How many runs the tree ``root`` has started (inspection and tests)."""
+        ...
+
+    async def tenant_run_reserve(self, tenant: str, workflow_id: str, cap: int) -> tuple[bool, list[str]]:
+        """Count the open run ``workflow_id`` among ``tenant``'s if fewer than ``cap`` are counted.
+
+        ``(granted, counted)``: whether it is counted (a run counted already is granted again: a retry, a
+        replay) and the workflow ids counted for the tenant when it was not (for telling which runs hold
+        the places, and for checking whether they are really still open).
+        """
+        ...
+
+    async def tenant_run_release(self, tenant: str, workflow_id: str) -> bool:
+        """Stop counting ``workflow_id`` among ``tenant``'s open runs; whether it was counted."""
+        ...
+
+    async def tenant_runs(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        """``(tenant, workflow_id)`` of the counted open runs (of one tenant), sorted."""
         ...
 
     async def put_blob(self, data: bytes) -> str:

@@ -16,8 +16,8 @@ Built by ``open_store`` when ``AGENT_PAYLOAD_KEYS`` is set. What is encrypted, a
 
 Reads decrypt with whichever key the row names; a key missing from the ring or a row that does not
 authenticate is a ``StoreError`` naming the key id, never ciphertext handed on as if it were content.
-Rows written before encryption was turned on (no marker) are read as they are. Budget rows hold numbers
-only and pass through.
+Rows written before encryption was turned on (no marker) are read as they are. Budget, tree-run and tenant-run rows hold
+numbers and ids only and pass through.
 """
 
 from __future__ import annotations
@@ -168,6 +168,15 @@ class EncryptedRunStore:
 
     async def tree_runs(self, root: str) -> int:
         return await self.inner.tree_runs(root)
+
+    async def tenant_run_reserve(self, tenant: str, workflow_id: str, cap: int) -> tuple[bool, list[str]]:
+        return await self.inner.tenant_run_reserve(tenant, workflow_id, cap)
+
+    async def tenant_run_release(self, tenant: str, workflow_id: str) -> bool:
+        return await self.inner.tenant_run_release(tenant, workflow_id)
+
+    async def tenant_runs(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        return await self.inner.tenant_runs(tenant)
 
     # --- blobs ---------------------------------------------------------------------
 

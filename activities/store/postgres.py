@@ -465,6 +465,43 @@ class PostgresRunStore:
             row = await cur.fetchone()
         return int(row[0]) if row is not None else 0
 
+    async def tenant_run_reserve(self, tenant: str, workflow_id: str, cap: int) -> tuple[bool, list[str]]:
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"tenant_runs:{tenant}",))
+            cur = await conn.execute(
+                "SELECT 1 FROM tenant_runs WHERE tenant = %s AND workflow_id = %s", (tenant, workflow_id)
+            )
+            if await cur.fetchone() is not None:
+                return True, []  # a retry of a start that already holds its place
+            cur = await conn.execute(
+                "SELECT workflow_id FROM tenant_runs WHERE tenant = %s ORDER BY workflow_id", (tenant,)
+            )
+            counted = [str(row[0]) for row in await cur.fetchall()]
+            if len(counted) >= cap:
+                return False, counted
+            await conn.execute(
+                "INSERT INTO tenant_runs (tenant, workflow_id, at) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (tenant, workflow_id, time.time()),
+            )
+        return True, []
+
+    async def tenant_run_release(self, tenant: str, workflow_id: str) -> bool:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "DELETE FROM tenant_runs WHERE tenant = %s AND workflow_id = %s", (tenant, workflow_id)
+            )
+            return cur.rowcount > 0
+
+    async def tenant_runs(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        async with self._conn() as conn:
+            if tenant is None:
+                cur = await conn.execute("SELECT tenant, workflow_id FROM tenant_runs ORDER BY tenant, workflow_id")
+            else:
+                cur = await conn.execute(
+                    "SELECT tenant, workflow_id FROM tenant_runs WHERE tenant = %s ORDER BY workflow_id", (tenant,)
+                )
+            return [(str(row[0]), str(row[1])) for row in await cur.fetchall()]
+
     # --- blobs ----------------------------------------------------------------------
 
     async def put_blob(self, data: bytes) -> str:

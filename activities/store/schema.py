@@ -1,6 +1,6 @@
 """The run store's tables, in each database's dialect: SQLite's (created if missing) and PostgreSQL's migrations.
 
-Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage); a change
+Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage, tenant_runs); a change
 to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
 ``schema_migrations`` (:meth:`activities.store.postgres.PostgresRunStore._migrate`).
 """
@@ -60,6 +60,12 @@ CREATE TABLE IF NOT EXISTS checkpoint_usage (
     bytes INTEGER NOT NULL,
     at REAL NOT NULL,
     PRIMARY KEY (run, checkpoint_id)
+);
+CREATE TABLE IF NOT EXISTS tenant_runs (
+    tenant TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (tenant, workflow_id)
 );
 """
 
@@ -135,6 +141,15 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
         bytes BIGINT NOT NULL,
         at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (run, checkpoint_id)
+    );
+    """,
+    # One row per open top-level run or session of a tenant (AGENT_TENANT_MAX_OPEN_RUNS; tenant_run_reserve).
+    """
+    CREATE TABLE tenant_runs (
+        tenant TEXT NOT NULL,
+        workflow_id TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, workflow_id)
     );
     """,
 )

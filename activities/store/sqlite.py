@@ -416,6 +416,57 @@ class SQLiteRunStore:
     async def tree_runs(self, root: str) -> int:
         return await self._read(self._tree_runs, root)
 
+    def _tenant_run_reserve(self, tenant: str, workflow_id: str, cap: int) -> tuple[bool, list[str]]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")  # the count-decide-insert is atomic across processes
+            try:
+                held = self._conn.execute(
+                    "SELECT 1 FROM tenant_runs WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id)
+                ).fetchone()
+                counted = [
+                    row[0]
+                    for row in self._conn.execute(
+                        "SELECT workflow_id FROM tenant_runs WHERE tenant = ? ORDER BY workflow_id", (tenant,)
+                    )
+                ]
+                granted = held is not None or len(counted) < cap
+                if held is None and granted:
+                    self._conn.execute(
+                        "INSERT INTO tenant_runs (tenant, workflow_id, at) VALUES (?, ?, ?)",
+                        (tenant, workflow_id, time.time()),
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return granted, [] if granted else counted
+
+    def _tenant_run_release(self, tenant: str, workflow_id: str) -> bool:
+        with self._lock:
+            cur = self._conn.execute(
+                "DELETE FROM tenant_runs WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id)
+            )
+        return cur.rowcount > 0
+
+    def _tenant_runs(self, tenant: str | None) -> list[tuple[str, str]]:
+        with self._lock:
+            if tenant is None:
+                rows = self._conn.execute("SELECT tenant, workflow_id FROM tenant_runs ORDER BY tenant, workflow_id")
+            else:
+                rows = self._conn.execute(
+                    "SELECT tenant, workflow_id FROM tenant_runs WHERE tenant = ? ORDER BY workflow_id", (tenant,)
+                )
+            return [(row[0], row[1]) for row in rows]
+
+    async def tenant_run_reserve(self, tenant: str, workflow_id: str, cap: int) -> tuple[bool, list[str]]:
+        return await self._call(self._tenant_run_reserve, tenant, workflow_id, cap)
+
+    async def tenant_run_release(self, tenant: str, workflow_id: str) -> bool:
+        return await self._call(self._tenant_run_release, tenant, workflow_id)
+
+    async def tenant_runs(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        return await self._read(self._tenant_runs, tenant)
+
     # --- blobs ----------------------------------------------------------------------
 
     def _put_blob(self, data: bytes) -> tuple[str, bool]:

@@ -66,6 +66,7 @@ from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.owners import owned, tree
 from durable_agents.cli.review import read_answer
 from durable_agents.cli.watch import ASKING, EventPrinter, events, mode_for
+from durable_agents.fairness import tenant_priority
 from workflows.agent import AgentWorkflow
 from workflows.call_view import call_lines
 from workflows.progress import ProgressEvent
@@ -265,6 +266,7 @@ class Chat:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             static_summary=f"chat session of {self.reviewer}",
+            priority=tenant_priority(self.inp.tenant),
         )
         watchdog = asyncio.ensure_future(
             warn_when_no_worker(self.client, self.session_id, self.task_queue, doing=WAITING)

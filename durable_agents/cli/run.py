@@ -44,6 +44,7 @@ from durable_agents.cli.common import (
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import ASKING, POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
+from durable_agents.fairness import tenant_priority
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
 from workflows.run_failure import result_of_failure
@@ -489,6 +490,7 @@ async def start_agent_run(
                 static_details=details,
                 search_attributes=search_attributes,
                 id_reuse_policy=policy,
+                priority=tenant_priority(inp.tenant),
             )
         except WorkflowAlreadyStartedError:
             raise await _taken(client, workflow_id, what) from None
