@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.identity import session_conversation_id
     from workflows.inputs import MESSAGE_MAX, NO_PAYLOAD, decode, one_payload, problems, safe
     from workflows.limits import budget_spent, deadline, limit_reason
+    from workflows.memory_recall import MEMORY_RECALL_PATCH, recall
     from workflows.narration import cause_text, details_markdown
     from workflows.policy import Decision, Policy, decide, parse_run_policy
     from workflows.progress import (
@@ -435,7 +436,10 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             if session:
                 if self._sessions.state.closing:
                     return Ending("completed", "", "close")
-                self._sessions.hand_over(carry)
+                if self._sessions.hand_over(carry):
+                    await self._recall(inp, carry, carry.pending[-1].message.content)
+            elif carry.step == 0 and not carry.forked_at_step:
+                await self._recall(inp, carry, inp.task)
 
             self._step = carry.step = carry.step + 1
             self._emit("turn_started", f"turn {carry.step}: waiting for {carry.model}")
@@ -474,6 +478,10 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                 return Ending("completed", turn.text, "message" if session else "run")
             await self._tools.run_turn(inp, carry, turn)
             self._usage, self._children_usage = carry.usage, carry.children_usage
+
+    async def _recall(self, inp: AgentInput, carry: Carry, query: str) -> None:
+        if inp.memory is not None and inp.memory.recall == "auto" and workflow.patched(MEMORY_RECALL_PATCH):
+            await recall(inp, carry, query, self._emit)
 
     def _interrupted(self) -> bool:
         """Whether the model turn was cancelled by this run for a new message (not the run's own cancel)."""

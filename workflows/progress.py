@@ -34,6 +34,7 @@ EventKind = Literal[
     "continued_as_new",
     "rewound",
     "finished",
+    "memory_recalled",  # memory.recall put entries into the context (data: recalled), or failed
     # sessions
     "message_received",  # a message was taken (data: seq, message_id, sender)
     "message_refused",  # a message was refused (data: reason)

@@ -267,6 +267,29 @@ class ForkSpec(KnownKeys):
     step: int = Field(ge=0, le=1_000_000)  # the source's steps to keep; the fork's first model turn is step + 1
 
 
+MEMORY_RECALL_MAX = 20  # entries one recall may put into the context
+MEMORY_QUERY_MAX_CHARS = 4000  # of the task or message a recall searches for (its start)
+
+
+class MemorySpec(KnownKeys):
+    """Long-term memory recall: ``auto`` puts the ``k`` entries of the run's (tenant, user) namespace that
+    best match the task (a session's latest message) into the model's context at the start of its work."""
+
+    recall: Literal["auto", "off"] = "off"
+    k: int = Field(default=5, ge=1, le=MEMORY_RECALL_MAX)
+
+
+class MemoryRecallRequest(BaseModel):
+    """``memory_recall``: search the namespace for ``query`` and store what it found at ``seq`` of the conversation."""
+
+    conversation_id: str
+    seq: int = Field(ge=0)
+    tenant: Name = ""
+    user: Name = ""
+    query: str = Field(default="", max_length=MEMORY_QUERY_MAX_CHARS)
+    k: int = Field(default=5, ge=1, le=MEMORY_RECALL_MAX)
+
+
 class AgentInput(KnownKeys):
     """Workflow input. Only ``task`` is required (public contract), unless ``session`` is given; unknown
     fields are refused by name, with the nearest valid one (``unknown key 'taks' (did you mean 'task'?)``)."""
@@ -284,6 +307,8 @@ class AgentInput(KnownKeys):
     # The tenant's user the run acts for ("" for none): with ``tenant``, the namespace of what the run
     # keeps; sub-agents and sessions keep both, and a fork's source must have the same.
     user: Name = ""
+    # Long-term memory recall for this run ({"recall": "auto", "k": 5}); None: none (sub-agents get none).
+    memory: MemorySpec | None = None
     system_prompt: str = Field(default="", max_length=MAX_SYSTEM_PROMPT_CHARS)  # empty: the built-in prompt
     # None: every operator-defined sub-agent; a list enables operator-defined ones by name; a dict
     # adds its own (or replaces operator-defined ones of the same name) to the operator's.
