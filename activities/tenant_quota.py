@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 from temporalio import activity
@@ -24,11 +25,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.runtime import Runtime
 from activities.store.base import RunStore
 from activities.store_errors import store_guarded
 from workflows.inputs import quote
 from workflows.types import TENANT_QUOTA_EXCEEDED, TenantRunRelease
+
+if TYPE_CHECKING:  # the reaper (and so every CLI command) imports this module: not the whole worker runtime
+    from activities.runtime import Runtime
 
 log = structlog.get_logger("activities.tenant_quota")
 
