@@ -322,6 +322,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                     explicit_cost_cap=inp.budget is None
                     and "max_cost_usd" in inp.limits.model_fields_set
                     and inp.limits.max_cost_usd > 0,
+                    tenant=inp.tenant,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,

@@ -522,6 +522,7 @@ class RunConfigRequest(BaseModel):
     as_subagent: str = ""  # ... and which of them it is (its model, tools and system prompt)
     # The run's input set limits.max_cost_usd (> 0) itself: an unpriced model is then refused (AGENT_ALLOW_UNPRICED).
     explicit_cost_cap: bool = False
+    tenant: str = ""  # the run's: a per-run MCP server listed at its start gets this tenant's ``${secret:NAME}``
 
 
 class RunConfig(BaseModel):

@@ -141,9 +141,34 @@ def _tool_span_attributes(spec: ToolSpec, inv: ToolInvocation) -> dict[str, Any]
 async def _execute(
     spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, *, workspace: Workspace | None = None
 ) -> tuple[str, bool]:
-    """Run the tool, its text redacted of every configured secret before it is stored or returned."""
-    text, is_error = await _execute_raw(spec, runtime, inv, workspace)
+    """Run the tool, its text redacted of every configured secret before it is stored or returned.
+
+    A failure that quotes a secret (a tool raising with its credential in the message) fails the attempt
+    redacted, with the same type name, so that history never holds it.
+    """
+    try:
+        text, is_error = await _execute_raw(spec, runtime, inv, workspace)
+    except Exception as exc:
+        scrubbed = _scrubbed(exc, runtime.settings.secret_values())
+        if scrubbed is exc:
+            raise
+        raise scrubbed from None
     return redact(text, runtime.settings.secret_values()), is_error
+
+
+def _scrubbed(exc: Exception, secrets: list[str]) -> Exception:
+    """``exc`` itself, or an ``ApplicationError`` of its type name and its redacted message when it or an
+    exception it was raised from quotes a secret (Temporal records the whole chain in history)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain and len(chain) < 20:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if all(redact(str(e), secrets) == str(e) for e in chain):
+        return exc
+    if isinstance(exc, ApplicationError):
+        return ApplicationError(redact(exc.message, secrets), type=exc.type, non_retryable=exc.non_retryable)
+    return ApplicationError(redact(str(exc), secrets), type=type(exc).__name__)
 
 
 async def _execute_raw(
