@@ -136,16 +136,20 @@ def test_the_workers_own_secret_only_with_the_fallback_and_never_a_runtime_setti
         Settings.from_env({"AGENT_TENANT_SECRETS_FALLBACK": "maybe"})
 
 
+def make_dirs(*paths: Path) -> list[str]:
+    for path in paths:
+        path.mkdir(parents=True)
+    return [str(path) for path in paths]
+
+
 async def test_a_secrets_directory_a_local_sandbox_can_see_stops_the_worker(settings: Settings, tmp_path: Path) -> None:
     require_bwrap()
+    workspaces = make_dirs(settings.state_dir / "sandboxes" / "tenants", tmp_path / "fine")[0]
     for directory, problem in (
         ("/usr/share", "lies under /usr, which every local sandbox sees"),
-        (str(settings.state_dir / "sandboxes"), "which every local sandbox sees"),
+        (workspaces, "which every local sandbox sees"),
         (str(tmp_path / "absent"), "not a directory"),
     ):
-        Path(directory).parent.mkdir(parents=True, exist_ok=True)
-        if directory.endswith("sandboxes"):
-            Path(directory).mkdir(exist_ok=True)
         runtime = Runtime.from_settings(replace(settings, tenant_secrets_dir=directory))
         try:
             with pytest.raises(ConfigurationError, match="AGENT_TENANT_SECRETS_DIR") as caught:
@@ -153,7 +157,6 @@ async def test_a_secrets_directory_a_local_sandbox_can_see_stops_the_worker(sett
         finally:
             await runtime.aclose()
         assert problem in str(caught.value), caught.value
-    (tmp_path / "fine").mkdir()
     runtime = Runtime.from_settings(replace(settings, tenant_secrets_dir=str(tmp_path / "fine")))
     try:
         await runtime.check()
@@ -324,7 +327,7 @@ def test_a_shared_mcp_server_refuses_a_tenant_secret_at_load(tmp_path: Path) -> 
     assert "mcpServers.leaky.env.LEAKY_SECRET" in str(caught.value) and "per_run" in str(caught.value)
     bad = {**leaky(True), "env": {"LEAKY_SECRET": "${secret:../x}"}}
     path.write_text(json.dumps({"mcpServers": {"leaky": bad}}))
-    with pytest.raises(ConfigurationError, match="secret name '../x' is not valid"):
+    with pytest.raises(ConfigurationError, match=r"secret name '\.\./x' is not valid"):
         load_mcp_config(settings)
     in_args = {**leaky(True), "args": ["-m", "tests.fakes.mcp_leaky", "${secret:API_TOKEN}"]}
     path.write_text(json.dumps({"mcpServers": {"leaky": in_args}}))

@@ -17,7 +17,8 @@ class SignerProvider:
         results = [m for m in messages if m.role == "tool"]
         invoice = _INVOICE.search(task)
         if not results and invoice and "sign_invoice" in {t["name"] for t in tools}:
-            call = RecordedToolCall(id="sign_0", name="sign_invoice", arguments_json=json.dumps({"invoice": invoice[0]}))
+            arguments = json.dumps({"invoice": invoice[0]})
+            call = RecordedToolCall(id="sign_0", name="sign_invoice", arguments_json=arguments)
             return ProviderReply(tool_calls=[call], input_tokens=10, output_tokens=5, finish_reason="tool_calls")
         text = "; ".join(f"{'error: ' if m.is_error else ''}{m.content}" for m in results) or "nothing to sign"
         return ProviderReply(text=text, input_tokens=10, output_tokens=5, finish_reason="stop")
