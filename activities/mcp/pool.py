@@ -284,7 +284,7 @@ class McpPool:
                 return existing
             await self._reap_idle()
             secrets = self._secrets
-            if key[1]:  # a per-run server: started with its run's tenant's credentials
+            if config.per_run:  # started with its run's tenant's credentials (none without a run)
                 try:
                     config, used = for_tenant(config, self.settings, tenant)
                 except SecretUnavailable as exc:
