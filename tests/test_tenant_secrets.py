@@ -19,10 +19,11 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.mcp.config import load_mcp_config
-from activities.redaction import REDACTED
+from activities.redaction import REDACTED, redact
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, Settings
 from activities.tools import ToolContext, ToolError
+from durable_agents.logs import Redactor
 from tests.conftest import WorkerFactory, require_bwrap, start_agent
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -108,6 +109,17 @@ def test_a_tenant_gets_its_own_file_and_never_a_file_outside_its_directory(tmp_p
     for tenant in ("", ".", "..", "a/b", "/", "x\0y"):  # no tenant, or not one safe path component
         message = refusal(context(settings, tenant), "API_TOKEN")
         assert "is not configured" in message and str(base) not in message, (tenant, message)
+
+
+def test_a_value_read_is_redacted_by_a_redactor_that_was_configured_without_it(tmp_path: Path) -> None:
+    value = token("initech")
+    (tmp_path / "initech").mkdir()
+    (tmp_path / "initech" / "API_TOKEN").write_text(value)
+    logs = Redactor([])  # a worker with no secret of its own configured
+    assert logs(None, "info", {"event": "x", "v": value})["v"] == value, "not learned yet"
+    assert context(Settings(tenant_secrets_dir=str(tmp_path)), "initech").secret("API_TOKEN") == value
+    assert logs(None, "info", {"event": "x", "v": f"got {value}"})["v"] == f"got {REDACTED}"
+    assert redact(f"[{value}]", []) == f"[{REDACTED}]"
 
 
 def test_the_workers_own_secret_only_with_the_fallback_and_never_a_runtime_setting(tmp_path: Path) -> None:
