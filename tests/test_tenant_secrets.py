@@ -21,15 +21,16 @@ from temporalio.testing import WorkflowEnvironment
 from activities.mcp.config import load_mcp_config
 from activities.redaction import REDACTED, redact
 from activities.runtime import Runtime
-from activities.settings import ConfigurationError, Settings
+from activities.settings import ConfigurationError, ExtensionSettings, Settings
 from activities.tools import ToolContext, ToolError
 from durable_agents.logs import Redactor
-from tests.conftest import WorkerFactory, require_bwrap, start_agent
+from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.fakes.tenant_secret_tools import fingerprint
 from tests.fakes.worker_proc import WorkerProc, worker_env, write_policy
 from tests.test_mcp import ROOT, mcp_runtime, tool_messages
+from tests.waiting import eventually
 from workflows.types import AgentInput, ToolInvocation
 
 TOOLS = "tests.fakes.tenant_secret_tools"
@@ -347,3 +348,40 @@ def test_a_shared_mcp_server_refuses_a_tenant_secret_at_load(tmp_path: Path) -> 
         load_mcp_config(settings)
     path.write_text(json.dumps({"mcpServers": {"leaky": leaky(True)}}))
     assert load_mcp_config(settings).servers["leaky"].env == {"LEAKY_SECRET": "${secret:API_TOKEN}"}
+
+
+# --- a compensation runs for the run's tenant ------------------------------------------------------------
+
+
+async def test_a_compensation_uses_its_runs_tenant_secret_and_its_note_is_redacted(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    value = token("acme")
+    (tmp_path / "secrets" / "acme").mkdir(parents=True)
+    (tmp_path / "secrets" / "acme" / "API_TOKEN").write_text(value + "\n")
+    policy = write_policy(tmp_path / "policy.json")
+    rt = with_settings(
+        runtime,
+        policy_file=str(policy),
+        extensions=ExtensionSettings(tool_modules=(TOOLS,)),
+        tenant_secrets_dir=str(tmp_path / "secrets"),
+    )
+    try:
+        with HttpSink() as sink:
+            llm.enqueue(
+                Scripted(tool_calls=[("charge", json.dumps({"url": f"{sink.url}/charges/1"}))]),
+                Scripted(text="never seen", delay_s=5),
+            )
+            async with run_worker(dev_env.client, rt) as tq:
+                handle = await start_agent(dev_env.client, tq, id_prefix="tenant-comp", tenant="acme")
+                await eventually(lambda: len(llm.requests) == 2, "the turn after the charge")
+                await handle.cancel()
+                result = await handle.result()
+                history = (await handle.fetch_history()).to_json()
+            received = [(r.path, r.headers.get("authorization")) for r in sink.received]
+    finally:
+        await rt.aclose()
+    assert result.status == "cancelled", result.output
+    assert f"compensated: refunded with {REDACTED}" in result.output, result.output
+    assert received == [("/charges/1", f"Bearer {value}"), ("/charges/1?refund=1", f"Bearer {value}")], received
+    assert value not in history and value not in result.output

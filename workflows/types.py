@@ -152,6 +152,8 @@ class CompensationRequest(BaseModel):
     idempotency_key: str
     workflow_id: str
     conversation_id: str = ""
+    tenant: str = ""  # the run's: a compensation's ``ctx.secret`` is its tenant's
+    user: str = ""
 
 
 MCP_PREFIX = "mcp__"  # tools of the operator's MCP servers: mcp__<server>__<tool> (Claude Code's convention)

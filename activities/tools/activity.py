@@ -243,9 +243,19 @@ class CompensationActivities:
             tool=req.tool,
             arguments=req.arguments,
             idempotency_key=req.idempotency_key,
+            tenant=req.tenant,
+            user=req.user,
         )
         args = spec.args_model.model_validate(req.arguments)
-        return await spec.compensate(args, ToolContext(invocation=invocation, settings=self._rt.settings), result)
+        # The note goes into the run's history: redacted like a tool's result, a failure like a tool's.
+        try:
+            note = await spec.compensate(args, ToolContext(invocation=invocation, settings=self._rt.settings), result)
+        except Exception as exc:
+            scrubbed = _scrubbed(exc, self._rt.settings.secret_values())
+            if scrubbed is exc:
+                raise
+            raise scrubbed from None
+        return redact(note, self._rt.settings.secret_values())
 
 
 class TranscriptActivities:

@@ -67,3 +67,22 @@ async def leak_secret(args: LeakArgs, ctx: ToolContext) -> str:
         log.warning("about_to_use_secret", value=value)
         return "logged it"
     return f"the token is {value}"
+
+
+async def _refund(args: CallArgs, ctx: ToolContext, result: str) -> str:
+    token = ctx.secret("API_TOKEN")  # the run's tenant's, in the compensation too
+    await asyncio.to_thread(_get, f"{args.url}?refund=1", token)
+    return f"refunded with {token}"  # a careless note: redacted before it reaches the run's history
+
+
+@tool(
+    "charge",
+    description="Charge through the API (compensated by a refund).",
+    args=CallArgs,
+    side_effect=True,
+    recovery="idempotent_by_key",
+    compensate=_refund,
+)
+async def charge(args: CallArgs, ctx: ToolContext) -> str:
+    await asyncio.to_thread(_get, args.url, ctx.secret("API_TOKEN"))
+    return "charged"
