@@ -72,7 +72,12 @@ async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) 
                 log.info("tool_attempt_failed", error_type=type(exc).__name__)
             else:
                 log.warning("tool_attempt_failed", error_type=type(exc).__name__)
-            raise
+            # A failure that quotes a secret (a tool or its reconcile raising with its credential in the
+            # message) fails the attempt redacted, with the same type name, so that history never holds it.
+            scrubbed = _scrubbed(exc, runtime.settings.secret_values())
+            if scrubbed is exc:
+                raise
+            raise scrubbed from None
         state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
         span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
         telemetry.record_tool_call(spec.name, inv.policy_verdict, state)
@@ -141,18 +146,8 @@ def _tool_span_attributes(spec: ToolSpec, inv: ToolInvocation) -> dict[str, Any]
 async def _execute(
     spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, *, workspace: Workspace | None = None
 ) -> tuple[str, bool]:
-    """Run the tool, its text redacted of every configured secret before it is stored or returned.
-
-    A failure that quotes a secret (a tool raising with its credential in the message) fails the attempt
-    redacted, with the same type name, so that history never holds it.
-    """
-    try:
-        text, is_error = await _execute_raw(spec, runtime, inv, workspace)
-    except Exception as exc:
-        scrubbed = _scrubbed(exc, runtime.settings.secret_values())
-        if scrubbed is exc:
-            raise
-        raise scrubbed from None
+    """Run the tool, its text redacted of every configured secret before it is stored or returned."""
+    text, is_error = await _execute_raw(spec, runtime, inv, workspace)
     return redact(text, runtime.settings.secret_values()), is_error
 
 
