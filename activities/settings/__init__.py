@@ -67,9 +67,11 @@ from activities.settings.reader import (
     url_passwords,
     worker_settings,
 )
+from activities.settings_reference import VARIABLES
 from workflows.types import MAX_DEPTH
 
 SANDBOX_BACKENDS = ("local", "e2b")
+_RUNTIME_VARIABLES = frozenset(v.name for v in VARIABLES)  # never handed to a tool as a "worker secret"
 
 __all__ = [
     "DEFAULT_CODEC_ORIGINS",
@@ -237,9 +239,7 @@ class Settings:
 
         Only read for a tool when ``tenant_secrets_fallback`` is on (see ``activities.tenant_secrets``).
         """
-        from activities.settings_reference import VARIABLES  # the table of every variable the runtime reads
-
-        if name.startswith(("AGENT_", "TEMPORAL_", "OTEL_")) or name in {v.name for v in VARIABLES}:
+        if name.startswith(("AGENT_", "TEMPORAL_", "OTEL_")) or name in _RUNTIME_VARIABLES:
             return None
         value = self.environ.get(name, "")
         return value or None
