@@ -31,7 +31,7 @@ from tests.fakes.tenant_secret_tools import fingerprint
 from tests.fakes.worker_proc import WorkerProc, worker_env, write_policy
 from tests.test_mcp import ROOT, mcp_runtime, tool_messages
 from tests.waiting import eventually
-from workflows.types import AgentInput, ToolInvocation
+from workflows.types import AgentInput, SubagentDef, ToolInvocation
 
 TOOLS = "tests.fakes.tenant_secret_tools"
 MARKER = "tnt-marker"  # every test token starts with it, so a sandbox can look for any of them by it alone
@@ -385,3 +385,32 @@ async def test_a_compensation_uses_its_runs_tenant_secret_and_its_note_is_redact
     assert f"compensated: refunded with {REDACTED}" in result.output, result.output
     assert received == [("/charges/1", f"Bearer {value}"), ("/charges/1?refund=1", f"Bearer {value}")], received
     assert value not in history and value not in result.output
+
+
+async def test_a_subagent_gets_its_parents_tenant_secret(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    tokens = {"acme": token("acme"), "globex": token("globex")}
+    for tenant, value in tokens.items():
+        (tmp_path / "secrets" / tenant).mkdir(parents=True)
+        (tmp_path / "secrets" / tenant / "API_TOKEN").write_text(value)
+    rt = with_settings(
+        runtime, extensions=ExtensionSettings(tool_modules=(TOOLS,)), tenant_secrets_dir=str(tmp_path / "secrets")
+    )
+    llm.enqueue(
+        Scripted(tool_calls=[("helper", json.dumps({"task": "fingerprint the token"}))]),  # the parent
+        Scripted(tool_calls=[("secret_fingerprint", json.dumps({"name": "API_TOKEN"}))]),  # the child
+        Scripted(text="child done"),
+        Scripted(text="parent done"),
+    )
+    helper = SubagentDef(description="Helps.", tools=["secret_fingerprint"])
+    try:
+        async with run_worker(dev_env.client, rt) as tq:
+            handle = await start_agent(
+                dev_env.client, tq, id_prefix="tenant-sub", tenant="globex", subagents={"helper": helper}
+            )
+            result = await handle.result()
+    finally:
+        await rt.aclose()
+    assert result.status == "completed", result.output
+    assert tool_messages(llm, 2) == [f"fingerprint {fingerprint(tokens['globex'])}"], "the child ran for globex"
