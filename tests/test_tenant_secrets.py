@@ -29,8 +29,9 @@ from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.fakes.tenant_secret_tools import fingerprint
 from tests.fakes.worker_proc import WorkerProc, worker_env, write_policy
-from tests.test_mcp import ROOT, mcp_runtime, tool_messages
+from tests.test_mcp import ROOT, mcp_runtime, offered, tool_messages
 from tests.waiting import eventually
+from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, SubagentDef, ToolInvocation
 
 TOOLS = "tests.fakes.tenant_secret_tools"
@@ -319,8 +320,15 @@ async def test_a_per_run_mcp_server_starts_with_its_runs_tenant_secret(
                 answers[tenant] = tool_messages(llm, 2 * index + 1)
                 stored = await runtime.store.transcript(f"{handle.id}/{handle.first_execution_run_id}")
                 transcripts.append(json.dumps([m.model_dump() for m in stored]))
+            # A tenant without the secret: the server does not start for its run, which goes on without its tools.
+            llm.enqueue(Scripted(text="no tools"))
+            handle = await start_agent(dev_env.client, tq, id_prefix="mcp-tenant", tenant="initech")
+            lacking = await handle.result()
+            status = await handle.query(AgentWorkflow.status)
     finally:
         await runtime.aclose()
+    assert lacking.status == "completed" and not [t for t in offered(llm, 4) if t.startswith("mcp__")]
+    assert [n for n in status.notes if "secret 'API_TOKEN' is not configured for tenant 'initech'" in n], status.notes
     for tenant, value in tokens.items():
         printed, leaked = answers[tenant]
         assert printed == fingerprint(value), (tenant, printed)
