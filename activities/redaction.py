@@ -13,6 +13,11 @@ soft hyphen, combining marks and Hangul fillers), and the whole original span is
 replaced. :func:`redact_parts` matches across the boundaries of several texts that are
 shown together (the items of one MCP result), redacting its piece in each.
 
+Secrets learned while the process runs (a tenant's credentials a tool read, the values an MCP
+server was started with; :func:`learn`) are redacted by every function here, as well as the secrets
+each call is given: whoever redacts (the log redactor, a tool's result, an MCP result, a model reply)
+need not know which tenants' credentials this worker has handed out.
+
 This is a last line, not a boundary: whatever is given a secret can leak it transformed
 (reversed, base64, one character per line), which no redaction finds.
 """
@@ -20,7 +25,9 @@ This is a last line, not a boundary: whatever is given a secret can leak it tran
 from __future__ import annotations
 
 import functools
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Iterable
 
 REDACTED = "[REDACTED]"
@@ -28,10 +35,43 @@ MIN_PARTIAL_SECRET = 8  # secrets at least this long are also redacted when cut 
 MIN_PARTIAL_PREFIX = 4  # a trailing fragment this long is enough to recognise
 _IGNORED_CATEGORIES = ("Cf", "Mn", "Me")  # format characters (ZWSP, ZWJ, BOM, soft hyphen, ...), combining marks
 _IGNORED = frozenset("\u115f\u1160\u3164\uffa0\u180e")  # Hangul fillers, the Mongolian vowel separator
+MIN_LEARNED_CHARS = 4  # a shorter learned value would redact ordinary words
+# Each tenant's credentials: enough for thousands of tenants' few secrets each. Past it the value read least
+# recently is forgotten first; a value is learned again each time it is read, before its reader's text is redacted.
+MAX_LEARNED = 10_000
+
+_learned: OrderedDict[str, None] = OrderedDict()
+_learned_lock = threading.Lock()  # learned from activity threads (sync activities) and the event loop
+_learned_snapshot: tuple[str, ...] = ()
+
+
+def learn(*values: str) -> None:
+    """Redact ``values`` from now on, everywhere in this process (values under ``MIN_LEARNED_CHARS`` are refused
+    by whoever hands them out, and ignored here)."""
+    global _learned_snapshot
+    with _learned_lock:
+        changed = False
+        for value in values:
+            if len(value) < MIN_LEARNED_CHARS:
+                continue
+            if value in _learned:
+                _learned.move_to_end(value)
+                continue
+            _learned[value] = None
+            changed = True
+            while len(_learned) > MAX_LEARNED:
+                _learned.popitem(last=False)
+        if changed:
+            _learned_snapshot = tuple(_learned)
+
+
+def learned() -> tuple[str, ...]:
+    """The secrets learned so far (see :func:`learn`)."""
+    return _learned_snapshot
 
 
 def _ordered(secrets: Iterable[str]) -> list[str]:
-    return sorted({s for s in secrets if s}, key=len, reverse=True)
+    return sorted({s for s in (*secrets, *_learned_snapshot) if s}, key=len, reverse=True)
 
 
 @functools.lru_cache(maxsize=8192)

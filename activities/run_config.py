@@ -73,7 +73,7 @@ class RunConfigActivities:
             raise ApplicationError(
                 f"unknown tools {unknown}; registered tools: {known}", type="InvalidInput", non_retryable=True
             )
-        mcp = await self._mcp_snapshot(requested)
+        mcp = await self._mcp_snapshot(requested, req.tenant)
         try:
             subagents = resolve(self._rt.subagents, requested_subagents, known, RESERVED_NAMES)
         except ValueError as exc:
@@ -121,7 +121,7 @@ class RunConfigActivities:
             raise ValueError(f"unknown sub-agent {req.as_subagent!r} in {req.subagents_ref}")
         return own, definitions
 
-    async def _mcp_snapshot(self, requested: list[str] | None) -> _McpChoice:
+    async def _mcp_snapshot(self, requested: list[str] | None, tenant: str) -> _McpChoice:
         if not self._rt.mcp.config:
             names = [t for t in requested or [] if mcp_catalog.is_mcp_name(t)]
             if names:
@@ -132,7 +132,7 @@ class RunConfigActivities:
                 )
             return _McpChoice()
         try:
-            snapshot, names, notes = await mcp_catalog.snapshot(self._rt.mcp, requested)
+            snapshot, names, notes = await mcp_catalog.snapshot(self._rt.mcp, requested, tenant)
         except ValueError as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
         except McpUnavailable as exc:  # a named tool's server: retried, then the run fails saying why

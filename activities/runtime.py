@@ -22,12 +22,14 @@ from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
 from activities.sandbox.base import SandboxBackend, SandboxUnavailable
 from activities.sandbox.factory import backend_for
-from activities.sandbox.local.bwrap import require_bwrap
+from activities.sandbox.local.backend import LocalSandboxBackend
+from activities.sandbox.local.bwrap import bound_host_paths, require_bwrap
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url
 from activities.store.transcript_cache import TranscriptCache
 from activities.subagents import load_subagents
+from activities.tenant_secrets import secrets_dir_problem
 from activities.tools.registry import RESERVED_NAMES, ToolRegistry
 from workflows.types import SubagentDef
 
@@ -77,7 +79,7 @@ class Runtime:
             prices=PriceTable.load(settings.prices_file),
             policy=load_policy(settings.policy_file),
             subagents=load_subagents(settings.subagents_file, tools.names(), RESERVED_NAMES),
-            mcp=McpPool(mcp_config, tuple(settings.secret_values())),
+            mcp=McpPool(mcp_config, tuple(settings.secret_values()), settings),
         )
 
     @property
@@ -101,7 +103,8 @@ class Runtime:
         return self._sandbox_backend
 
     async def check(self, *, timeout_s: float = 15.0) -> None:
-        """Prove, before any run depends on them, that the run store opens and the sandbox can isolate.
+        """Prove, before any run depends on them, that the run store opens, the sandbox can isolate and no
+        sandbox can see the tenants' secrets (``AGENT_TENANT_SECRETS_DIR``).
 
         :class:`ConfigurationError` naming ``AGENT_STORE_URL`` or ``AGENT_SANDBOX`` otherwise, so a worker
         exits at start instead of failing every run later (and blaming the model).
@@ -122,10 +125,16 @@ class Runtime:
                 await asyncio.to_thread(require_bwrap, self.settings.sandbox.local.uid_base)
         except SandboxUnavailable as exc:
             raise ConfigurationError(f"AGENT_SANDBOX={self.settings.sandbox.backend}: {exc}") from None
+        # Tenants' secrets must lie where no local sandbox can read them: not under a host path it binds, nor
+        # under the workspaces (an E2B sandbox sees nothing of the host).
+        visible = [*bound_host_paths(), str(backend.root)] if isinstance(backend, LocalSandboxBackend) else []
+        problem = secrets_dir_problem(self.settings, visible)
+        if problem:
+            raise ConfigurationError(problem)
 
     async def aclose(self) -> None:
         """Stop MCP servers, close provider connections and the store; a later use opens them again."""
-        pool, self.mcp = self.mcp, McpPool(self.mcp.config, tuple(self.settings.secret_values()))
+        pool, self.mcp = self.mcp, McpPool(self.mcp.config, tuple(self.settings.secret_values()), self.settings)
         await pool.aclose()
         await self.providers.aclose()
         store, self._store = self._store, None

@@ -252,6 +252,21 @@ VARIABLES: tuple[Variable, ...] = (
         "mcp_config",
     ),
     Variable(
+        "AGENT_TENANT_SECRETS_DIR",
+        EXTENSIONS,
+        'Tenants\' credentials for tools: the file `<dir>/<tenant>/<NAME>` is `ctx.secret("NAME")` (and '
+        "`${secret:NAME}` of a `per_run` MCP server) in that tenant's runs; a Kubernetes Secret mounted as "
+        "`<dir>/<tenant>` has this layout. Unset: tenants have no secrets.",
+        "tenant_secrets_dir",
+    ),
+    Variable(
+        "AGENT_TENANT_SECRETS_FALLBACK",
+        EXTENSIONS,
+        "`1`: a secret the run's tenant does not have is the worker's environment variable of that name "
+        "(never an `AGENT_*`, `TEMPORAL_*` or provider setting).",
+        "tenant_secrets_fallback",
+    ),
+    Variable(
         "AGENT_SUBAGENTS_FILE",
         EXTENSIONS,
         "Operator-defined sub-agents (JSON), validated at start.",

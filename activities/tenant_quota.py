@@ -106,9 +106,10 @@ async def reserve(runtime: Runtime, tenant: str, workflow_id: str) -> bool:
         return True
     named = ", ".join(quote(c) for c in counted[:_NAMED_MAX]) + (" ..." if len(counted) > _NAMED_MAX else "")
     log.warning("tenant_quota_refused", tenant=tenant, open_runs=len(counted), limit=cap)
+    runs = f"{len(counted)} open run{'' if len(counted) == 1 else 's'}"
     raise ApplicationError(
-        f"tenant {quote(tenant)} has {len(counted)} open run{'' if len(counted) == 1 else 's'}, the most AGENT_TENANT_MAX_OPEN_RUNS={cap} allows "
-        f"({named}): wait for one to end or cancel one",
+        f"tenant {quote(tenant)} has {runs}, the most AGENT_TENANT_MAX_OPEN_RUNS={cap} allows ({named}): "
+        "wait for one to end or cancel one",
         type=TENANT_QUOTA_EXCEEDED,
         non_retryable=True,
     )

@@ -6,8 +6,9 @@ The Temporal loggers' context (the ``temporal_workflow`` / ``temporal_activity``
 record extras) becomes top-level fields: ``workflow_id``, ``run_id``,
 ``workflow_type``, ``activity``, ``attempt``, ... Activities bind their own
 context (``activity_context``): workflow id, run id, activity, attempt, plus
-step / tool / turn. Configured secret values are replaced by ``[REDACTED]`` in
-every line, whatever its level.
+step / tool / turn. Configured secret values, and those the process learned since
+(a tenant's credentials a tool read: ``activities.redaction.learn``), are replaced by
+``[REDACTED]`` in every line, whatever its level.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import structlog
 from temporalio import activity, workflow
 
-from activities.redaction import redact, redact_cut_tail
+from activities.redaction import learned, redact, redact_cut_tail
 
 # Temporal's logger details → our field names. The workflow logger's ``attempt`` is the workflow's
 # (not an activity's) attempt, so it is left out to keep ``attempt`` unambiguous.
@@ -60,7 +61,7 @@ def temporal_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -
 
 
 class Redactor:
-    """Replace configured secret values in every string of the event (nested ones too).
+    """Replace configured (and learned) secret values in every string of the event (nested ones too).
 
     A string that ends in the beginning of a long secret (text cut short before it was
     logged) has that fragment redacted too.
@@ -79,7 +80,7 @@ class Redactor:
         return value
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        if not self.secrets:
+        if not self.secrets and not learned():
             return event
         for key, value in list(event.items()):
             if not key.startswith("_"):

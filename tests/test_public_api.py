@@ -115,6 +115,10 @@ async def wrong(args: OtherArgs, ctx: ToolContext) -> str:
 
 task: str = AgentInput(task="t").task
 limit: str = Limits()  # line 25: a real type, not Any
+
+
+def token(ctx: ToolContext) -> int:
+    return ctx.secret("API_TOKEN")  # line 29: the tenant's secret is a str, not Any
 """
 
 
@@ -135,11 +139,12 @@ def test_tool_is_typed_over_its_argument_model(tmp_path: Path) -> None:
     )
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert status == 1, (out, err)
-    assert len(errors) == 2, out
+    assert len(errors) == 3, out
     # (Paths as mypy's cache recorded the module: a run from another tmp_path may show that one's.)
     assert "user_tools.py:19: error:" in errors[0] and "[arg-type]" in errors[0], out  # the decorator's call
     assert '"Callable[[OtherArgs, ToolContext]' in errors[0] and "LookupArgs" in errors[0], out
     assert "user_tools.py:25: error:" in errors[1] and "[assignment]" in errors[1] and '"Limits"' in errors[1], out
+    assert "user_tools.py:29: error:" in errors[2] and "[return-value]" in errors[2] and '"str"' in errors[2], out
 
 
 # --- console scripts ---------------------------------------------------------------------------------------

@@ -295,6 +295,8 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                         idempotency_key=effect.idempotency_key,
                         workflow_id=workflow.info().workflow_id,
                         conversation_id=carry.conversation_id,
+                        tenant=self._tenant,
+                        user=self._input.user if self._input else "",
                     ),
                     result_type=str,
                     start_to_close_timeout=timedelta(seconds=60),

@@ -152,6 +152,8 @@ class CompensationRequest(BaseModel):
     idempotency_key: str
     workflow_id: str
     conversation_id: str = ""
+    tenant: str = ""  # the run's: a compensation's ``ctx.secret`` is its tenant's
+    user: str = ""
 
 
 MCP_PREFIX = "mcp__"  # tools of the operator's MCP servers: mcp__<server>__<tool> (Claude Code's convention)
@@ -559,7 +561,9 @@ class RunConfigRequest(BaseModel):
     as_subagent: str = ""  # ... and which of them it is (its model, tools and system prompt)
     # The run's input set limits.max_cost_usd (> 0) itself: an unpriced model is then refused (AGENT_ALLOW_UNPRICED).
     explicit_cost_cap: bool = False
-    tenant: Name = ""  # the run's tenant, for AGENT_TENANT_MAX_OPEN_RUNS
+    # The run's tenant: for AGENT_TENANT_MAX_OPEN_RUNS, and the ``${secret:NAME}`` of a per-run MCP server
+    # listed at its start.
+    tenant: Name = ""
     # A top-level run (no parent workflow): counted among its tenant's open runs while it is open.
     open_run: bool = False
 

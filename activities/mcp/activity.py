@@ -69,6 +69,7 @@ class McpActivities:
                     timeout_s=float(target.call_timeout_s),
                     meta=meta,
                     run=inv.conversation_id,
+                    tenant=inv.tenant,
                     check_alive=inv.side_effect,
                 )
             except McpUnavailable as exc:

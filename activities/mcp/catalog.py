@@ -145,7 +145,9 @@ def wanted_servers(pool: McpPool, requested: list[str] | None) -> dict[str, bool
     return servers
 
 
-async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnapshot, list[str], list[str]]:
+async def snapshot(
+    pool: McpPool, requested: list[str] | None, tenant: str = ""
+) -> tuple[McpSnapshot, list[str], list[str]]:
     """The run's MCP tools, its tool names in order, and notes on servers it starts without.
 
     ``requested`` None enables every tool of every server; otherwise exact names (``mcp__s__t``) and
@@ -154,7 +156,7 @@ async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnaps
     """
     servers = wanted_servers(pool, requested)
     listed = await asyncio.gather(
-        *(asyncio.wait_for(_list(pool, server), LIST_AT_START_TIMEOUT_S) for server in servers),
+        *(asyncio.wait_for(_list(pool, server, tenant), LIST_AT_START_TIMEOUT_S) for server in servers),
         return_exceptions=True,
     )
     tools: list[McpToolDef] = []
@@ -200,12 +202,14 @@ async def snapshot(pool: McpPool, requested: list[str] | None) -> tuple[McpSnaps
     return McpSnapshot(tools=[by_name[name] for name in chosen]), chosen, notes
 
 
-async def _list(pool: McpPool, server: str) -> list[Tool]:
+async def _list(pool: McpPool, server: str, tenant: str) -> list[Tool]:
     config = pool.server(server)
     if config is not None and config.per_run:
-        listing = f"listing-{id(pool)}"  # a short-lived process of its own, stopped right after
+        # A short-lived process of its own, stopped right after, started with the tenant's credentials (so one
+        # per tenant: a listing for another tenant at the same time never shares it).
+        listing = f"listing-{id(pool)}-{tenant}"
         try:
-            return await pool.list_tools(server, run=listing)
+            return await pool.list_tools(server, run=listing, tenant=tenant)
         finally:
             await pool.release_run(listing)
     return await pool.list_tools(server)

@@ -11,8 +11,11 @@ Values in ``env`` and ``headers`` may reference the worker's environment as ``${
 ``${VAR:-default}``), so that keys never sit in the file; every value that came from a reference
 there, and every header value, is treated as a secret (redacted from logs, tool results and
 history). ``command``, ``args``, ``cwd`` and ``url`` may use references too (for paths; their values
-are not treated as secrets). A ``command`` without a ``/`` is looked up on the worker's ``PATH`` at
-load, then beside the running Python (a venv's ``bin``, activated or not), and started by its absolute path.
+are not treated as secrets). A ``per_run`` server's ``env`` and ``headers`` values may also name the
+run's tenant's credentials as ``${secret:NAME}`` (:mod:`activities.tenant_secrets`), resolved when the
+server starts for a run; a shared server refuses them at load, since it serves every tenant. A
+``command`` without a ``/`` is looked up on the worker's ``PATH`` at load, then beside the running
+Python (a venv's ``bin``, activated or not), and started by its absolute path.
 
 Our own fields, all optional: ``recovery`` (``unknown`` or ``idempotent_by_key``, for the server or
 per tool), ``per_run`` (one process per run, for stateful servers), ``timeout_s`` (of a call),
@@ -33,7 +36,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from activities.redaction import learn
 from activities.settings import ConfigurationError, Settings
+from activities.tenant_secrets import SecretUnavailable, check_name, expand, references
 from workflows.known_keys import KnownKeys
 
 VARIABLE = "AGENT_MCP_CONFIG"
@@ -158,11 +163,13 @@ def load_mcp_config(settings: Settings) -> McpConfig:
         if server.disabled:
             continue
         at = f"{where}: mcpServers.{name}"
+        _check_secret_references(server, at)
         env = {key: _expand(value, settings, f"{at}.env.{key}", secrets) for key, value in server.env.items()}
         headers = {}
         for key, value in server.headers.items():
             headers[key] = _expand(value, settings, f"{at}.headers.{key}", secrets)
-            secrets.append(headers[key])
+            if not references(headers[key]):  # one with ``${secret:}`` is learned whole when it is resolved
+                secrets.append(headers[key])
         # Paths and addresses may use the environment too; those values are not secrets (keys belong in env/headers).
         plain: list[str] = []
         resolved = server.model_copy(
@@ -179,6 +186,50 @@ def load_mcp_config(settings: Settings) -> McpConfig:
             resolved = resolved.model_copy(update={"command": _executable(resolved, settings, f"{at}.command")})
         servers[name] = resolved
     return McpConfig(servers, tuple(s for s in dict.fromkeys(secrets) if len(s) >= MIN_SECRET_CHARS))
+
+
+def _check_secret_references(server: McpServerConfig, at: str) -> None:
+    """``${secret:NAME}`` only in a ``per_run`` server's ``env`` and ``headers``, with valid names."""
+    for field, values in (("env", server.env), ("headers", server.headers)):
+        for key, value in values.items():
+            for secret in references(value):
+                try:
+                    check_name(secret)
+                except SecretUnavailable as exc:
+                    raise ConfigurationError(f"{at}.{field}.{key}: {exc}") from None
+                if not server.per_run:
+                    raise ConfigurationError(
+                        f"{at}.{field}.{key}: ${{secret:{secret}}} is a tenant's secret, and a shared server "
+                        'serves every tenant: set "per_run": true (one process per run, for its tenant)'
+                    )
+    for field, value in (("command", server.command), ("cwd", server.cwd), ("url", server.url)):
+        if references(value):
+            raise ConfigurationError(f"{at}.{field}: ${{secret:...}} is only allowed in 'env' and 'headers' values")
+    if any(references(arg) for arg in server.args):
+        raise ConfigurationError(f"{at}.args: ${{secret:...}} is only allowed in 'env' and 'headers' values")
+
+
+def for_tenant(server: McpServerConfig, settings: Settings, tenant: str) -> tuple[McpServerConfig, list[str]]:
+    """``server`` with its ``${secret:NAME}`` values resolved for ``tenant``, and the values (each learned for
+    redaction); ``SecretUnavailable`` when the tenant lacks one."""
+    used: list[str] = []
+
+    def resolve(values: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in values.items():
+            if references(value):
+                out[key], found = expand(value, settings, tenant)
+                used.extend([*found, out[key]])
+            else:
+                out[key] = value
+        return out
+
+    if not any(references(v) for v in (*server.env.values(), *server.headers.values())):
+        return server, used
+    resolved = server.model_copy(update={"env": resolve(server.env), "headers": resolve(server.headers)})
+    used = list(dict.fromkeys(used))
+    learn(*used)  # a whole header value ("Bearer <token>") too, not only the token in it
+    return resolved, used
 
 
 def _expand(value: str, settings: Settings, where: str, secrets: list[str]) -> str:

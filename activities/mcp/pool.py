@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import structlog
 
-from activities.mcp.config import McpConfig, McpServerConfig
+from activities.mcp.config import McpConfig, McpServerConfig, for_tenant
 from activities.redaction import clip
+from activities.settings import Settings
+from activities.tenant_secrets import SecretUnavailable
 
 # The SDK (the mcp extra) is imported where a connection is made, and only a configured server makes one
 # (load_mcp_config requires the extra), so a worker without MCP servers runs without it.
@@ -150,8 +152,10 @@ class _Connection:
 class McpPool:
     """The worker's connections to its configured MCP servers (see the module docstring)."""
 
-    def __init__(self, config: McpConfig, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(self, config: McpConfig, secrets: tuple[str, ...] = (), settings: Settings | None = None) -> None:
+        """``settings`` resolve a ``per_run`` server's ``${secret:NAME}`` values (for the run's tenant)."""
         self.config = config
+        self.settings = settings or Settings()
         self._secrets = tuple(dict.fromkeys([*config.secrets, *secrets]))
         self._connections: dict[tuple[str, str], _Connection] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
@@ -160,11 +164,14 @@ class McpPool:
     def server(self, name: str) -> McpServerConfig | None:
         return self.config.server(name)
 
-    async def list_tools(self, server: str, run: str = "") -> list[Tool]:
-        """The server's tools (every page, at most ``MAX_TOOLS_PER_SERVER``); ``McpUnavailable`` if it cannot answer."""
+    async def list_tools(self, server: str, run: str = "", tenant: str = "") -> list[Tool]:
+        """The server's tools (every page, at most ``MAX_TOOLS_PER_SERVER``); ``McpUnavailable`` if it cannot answer.
+
+        A ``per_run`` server is started for ``run`` of ``tenant`` (its ``${secret:NAME}`` values are that tenant's).
+        """
         from mcp.shared.exceptions import MCPError
 
-        async with self._session(server, run) as connection:
+        async with self._session(server, run, tenant) as connection:
             assert connection.client is not None
             tools: list[Tool] = []
             cursor: str | None = None
@@ -190,6 +197,7 @@ class McpPool:
         timeout_s: float,
         meta: dict[str, Any] | None = None,
         run: str = "",
+        tenant: str = "",
         check_alive: bool = False,
     ) -> CallToolResult:
         """Call ``tool``; ``McpUnavailable`` when nothing was sent, ``McpCallLost`` when the outcome is unknown.
@@ -200,7 +208,7 @@ class McpPool:
         import httpx2
         from mcp.shared.exceptions import MCPError
 
-        async with self._session(server, run, check_alive=check_alive) as connection:
+        async with self._session(server, run, tenant, check_alive=check_alive) as connection:
             assert connection.client is not None
             try:
                 result = await asyncio.wait_for(
@@ -234,15 +242,17 @@ class McpPool:
             return result
 
     @contextlib.asynccontextmanager
-    async def _session(self, server: str, run: str, *, check_alive: bool = False) -> AsyncIterator[_Connection]:
+    async def _session(
+        self, server: str, run: str, tenant: str, *, check_alive: bool = False
+    ) -> AsyncIterator[_Connection]:
         config = self.config.server(server)
         if config is None:
             raise McpUnavailable(f"MCP server {server!r} is not configured on this worker")
         key = (server, run if config.per_run else "")
-        connection = await self._connection(key, config)
+        connection = await self._connection(key, config, tenant)
         if check_alive and not await self._alive(connection):
             await self._drop(connection)
-            connection = await self._connection(key, config)
+            connection = await self._connection(key, config, tenant)
         connection.last_used = time.monotonic()
         yield connection
 
@@ -264,7 +274,7 @@ class McpPool:
             return False
         return True
 
-    async def _connection(self, key: tuple[str, str], config: McpServerConfig) -> _Connection:
+    async def _connection(self, key: tuple[str, str], config: McpServerConfig, tenant: str) -> _Connection:
         if self._closed:
             raise McpUnavailable("the worker is shutting down")
         lock = self._starting.setdefault(key, asyncio.Lock())
@@ -273,7 +283,14 @@ class McpPool:
             if existing is not None and not existing.dead:
                 return existing
             await self._reap_idle()
-            connection = _Connection(key[0], config, self._secrets)
+            secrets = self._secrets
+            if config.per_run:  # started with its run's tenant's credentials (none without a run)
+                try:
+                    config, used = for_tenant(config, self.settings, tenant)
+                except SecretUnavailable as exc:
+                    raise McpUnavailable(f"MCP server {key[0]!r} could not be started: {exc}") from None
+                secrets = (*secrets, *used)
+            connection = _Connection(key[0], config, secrets)
             await connection.start()
             self._connections[key] = connection
             return connection

@@ -67,9 +67,11 @@ from activities.settings.reader import (
     url_passwords,
     worker_settings,
 )
+from activities.settings_reference import VARIABLES
 from workflows.types import MAX_DEPTH
 
 SANDBOX_BACKENDS = ("local", "e2b")
+_RUNTIME_VARIABLES = frozenset(v.name for v in VARIABLES)  # never handed to a tool as a "worker secret"
 
 __all__ = [
     "DEFAULT_CODEC_ORIGINS",
@@ -132,6 +134,10 @@ class Settings:
     # AgentResult in the failure's details) instead of completing with it; taken at each run's start.
     fail_workflow_on_error: bool = False
     reviewer: str = "cli"  # who the starter's decisions are from by default ($USER)
+    # AGENT_TENANT_SECRETS_DIR: ``<dir>/<tenant>/<NAME>`` is the tenant's secret NAME (``ctx.secret``, ``${secret:}``)
+    tenant_secrets_dir: str = ""
+    # AGENT_TENANT_SECRETS_FALLBACK=1: a secret the run's tenant lacks is the worker's own (its environment variable)
+    tenant_secrets_fallback: bool = False
     # The rest of the environment, for operator extensions (``variable``); never printed.
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
     # Secrets that configuration files brought in (``${VAR}`` values of MCP servers); see ``with_secrets``.
@@ -205,6 +211,8 @@ class Settings:
             allow_fork_input=reader.flag("AGENT_ALLOW_FORK_INPUT", True),
             fail_workflow_on_error=reader.flag("AGENT_FAIL_WORKFLOW_ON_ERROR"),
             reviewer=reader.text("USER") or "cli",
+            tenant_secrets_dir=reader.text("AGENT_TENANT_SECRETS_DIR"),
+            tenant_secrets_fallback=reader.flag("AGENT_TENANT_SECRETS_FALLBACK"),
             environ=MappingProxyType(env),
         )
 
@@ -227,6 +235,17 @@ class Settings:
         Read from the snapshot taken by :meth:`from_env`, so extensions never touch ``os.environ``.
         """
         return self.environ.get(name, default)
+
+    def worker_secret(self, name: str) -> str | None:
+        """The worker's own secret ``name`` (its environment variable), or None when unset or when ``name`` is one
+        of the runtime's own settings (``AGENT_*``, ``TEMPORAL_*``, a provider's key): a tool never gets those.
+
+        Only read for a tool when ``tenant_secrets_fallback`` is on (see ``activities.tenant_secrets``).
+        """
+        if name.startswith(("AGENT_", "TEMPORAL_", "OTEL_")) or name in _RUNTIME_VARIABLES:
+            return None
+        value = self.environ.get(name, "")
+        return value or None
 
     def secret_values(self) -> list[str]:
         """Every configured secret (API keys, the approval key, payload keys, the codec token, the store URL's

@@ -72,7 +72,12 @@ async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) 
                 log.info("tool_attempt_failed", error_type=type(exc).__name__)
             else:
                 log.warning("tool_attempt_failed", error_type=type(exc).__name__)
-            raise
+            # A failure that quotes a secret (a tool or its reconcile raising with its credential in the
+            # message) fails the attempt redacted, with the same type name, so that history never holds it.
+            scrubbed = _scrubbed(exc, runtime.settings.secret_values())
+            if scrubbed is exc:
+                raise
+            raise scrubbed from None
         state = "unknown" if outcome.unknown else ("ok" if outcome.ok else "error")
         span.set_attributes({"agent.tool.outcome": state, "agent.tool.result_bytes": outcome.size_bytes})
         telemetry.record_tool_call(spec.name, inv.policy_verdict, state)
@@ -144,6 +149,21 @@ async def _execute(
     """Run the tool, its text redacted of every configured secret before it is stored or returned."""
     text, is_error = await _execute_raw(spec, runtime, inv, workspace)
     return redact(text, runtime.settings.secret_values()), is_error
+
+
+def _scrubbed(exc: Exception, secrets: list[str]) -> Exception:
+    """``exc`` itself, or an ``ApplicationError`` of its type name and its redacted message when it or an
+    exception it was raised from quotes a secret (Temporal records the whole chain in history)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain and len(chain) < 20:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if all(redact(str(e), secrets) == str(e) for e in chain):
+        return exc
+    if isinstance(exc, ApplicationError):
+        return ApplicationError(redact(exc.message, secrets), type=exc.type, non_retryable=exc.non_retryable)
+    return ApplicationError(redact(str(exc), secrets), type=type(exc).__name__)
 
 
 async def _execute_raw(
@@ -218,9 +238,19 @@ class CompensationActivities:
             tool=req.tool,
             arguments=req.arguments,
             idempotency_key=req.idempotency_key,
+            tenant=req.tenant,
+            user=req.user,
         )
         args = spec.args_model.model_validate(req.arguments)
-        return await spec.compensate(args, ToolContext(invocation=invocation, settings=self._rt.settings), result)
+        # The note goes into the run's history: redacted like a tool's result, a failure like a tool's.
+        try:
+            note = await spec.compensate(args, ToolContext(invocation=invocation, settings=self._rt.settings), result)
+        except Exception as exc:
+            scrubbed = _scrubbed(exc, self._rt.settings.secret_values())
+            if scrubbed is exc:
+                raise
+            raise scrubbed from None
+        return redact(note, self._rt.settings.secret_values())
 
 
 class TranscriptActivities:

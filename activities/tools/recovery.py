@@ -52,6 +52,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, persistently
+from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.store.base import StoreUnavailable
 from activities.store.ledger import ClaimRequest
@@ -145,7 +146,8 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
         if spec.recovery == "reconcile":
             assert spec.reconcile is not None
             found = await spec.reconcile(spec.args_model.model_validate(inv.arguments), _context(runtime, inv))
-            if found is not None:
+            if found is not None:  # the ledger and the transcript get it: redacted like a tool's own result
+                found = redact(found, runtime.settings.secret_values())
                 await store.finish(entry.key, owner, "done", found, False, note="reconciled")
                 return Execution(found, False)
         elif spec.recovery == "unknown":

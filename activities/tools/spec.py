@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from activities.settings import Settings
+from activities.tenant_secrets import SecretUnavailable, tenant_secret
 from workflows.types import ToolInvocation
 
 SPEC_ATTRIBUTE = "__durable_agents_tool__"
@@ -29,11 +30,26 @@ class ToolError(Exception):
 
 @dataclass
 class ToolContext:
-    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox."""
+    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox, and the
+    credentials of the run's tenant (:meth:`secret`)."""
 
     invocation: ToolInvocation
     settings: Settings
     sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
+
+    def secret(self, name: str) -> str:
+        """The run's tenant's secret ``name`` (``AGENT_TENANT_SECRETS_DIR/<tenant>/<name>``), or the worker's own
+        when the operator allows it (``AGENT_TENANT_SECRETS_FALLBACK=1``).
+
+        The value is redacted from this tool's result and errors, log lines, history and the store, so the
+        model never reads it; pass it only where it is needed (a request's header), never to a sandbox.
+        Raises :class:`ToolError` (the model reads it, naming the secret) when the run's tenant has no such
+        secret or ``name`` is not 1-64 letters, digits or ``_``.
+        """
+        try:
+            return tenant_secret(self.settings, self.invocation.tenant, name)
+        except SecretUnavailable as exc:
+            raise ToolError(str(exc)) from None
 
 
 ToolFn = Callable[[Any, ToolContext], Awaitable[str]]

@@ -2,10 +2,12 @@
 
 ``leak(how)``: ``split`` returns it as two text items (one half each), ``zwsp`` as one text with a
 zero-width space in the middle, ``invisible`` with a soft hyphen, a word joiner and a BOM inserted.
+``fingerprint()`` returns a sha256 prefix of it (proof of which secret the server was started with).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from mcp.server.mcpserver import MCPServer
@@ -26,6 +28,12 @@ def leak(how: str) -> list[TextContent]:
     third = len(secret) // 3
     spelt = f"{secret[:third]}\u00ad{secret[third:half]}\u2060{secret[half : 2 * third]}\ufeff{secret[2 * third :]}"
     return [TextContent(type="text", text=f"key: {spelt}")]
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def fingerprint() -> str:
+    """A sha256 prefix of the server's secret (not the secret)."""
+    return hashlib.sha256(os.environ["LEAKY_SECRET"].encode()).hexdigest()[:16]
 
 
 if __name__ == "__main__":

@@ -182,6 +182,13 @@ def _host_root_links() -> list[str]:
     return args
 
 
+def bound_host_paths() -> list[str]:
+    """The host paths every command sees (read-only): what must never hold a secret of the worker's."""
+    args = ["--ro-bind", "/usr", "/usr", *_host_root_links(), "--ro-bind-try", "/etc/alternatives", "/etc/alternatives"]
+    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return [args[i + 1] for i, arg in enumerate(args) if arg in ("--ro-bind", "--ro-bind-try")]
+
+
 def _isolation_args(limits: LocalLimits) -> list[str]:
     """The namespace and filesystem flags shared by the probe and every command."""
     tmpfs_bytes = str(limits.tmpfs_mb * 1024 * 1024)
