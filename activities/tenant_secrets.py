@@ -35,7 +35,7 @@ class SecretUnavailable(Exception):
 
 def check_name(name: str) -> str:
     """``name`` when it is a valid secret name; ``SecretUnavailable`` otherwise."""
-    if not isinstance(name, str) or not SECRET_NAME.match(name):
+    if not isinstance(name, str) or not SECRET_NAME.fullmatch(name):
         shown = repr(name[:64]) if isinstance(name, str) else type(name).__name__
         raise SecretUnavailable(
             f"secret name {shown} is not valid: use 1-64 letters, digits or '_', not starting with a digit"

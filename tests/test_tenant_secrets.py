@@ -106,7 +106,7 @@ def test_a_tenant_gets_its_own_file_and_never_a_file_outside_its_directory(tmp_p
 
     missing = refusal(context(settings, "acme"), "OTHER_TOKEN")
     assert missing == "secret 'OTHER_TOKEN' is not configured for tenant 'acme'", missing
-    for bad in ("../x", "A/B", "", "1ABC", "A" * 65, "API_TOKEN\0", "..", "with space"):
+    for bad in ("../x", "A/B", "", "1ABC", "A" * 65, "API_TOKEN\0", "API_TOKEN\n", "..", "with space"):
         assert "is not valid" in refusal(context(settings, "acme"), bad), bad
     for tenant in ("", ".", "..", "a/b", "/", "x\0y"):  # no tenant, or not one safe path component
         message = refusal(context(settings, tenant), "API_TOKEN")
