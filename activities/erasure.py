@@ -81,7 +81,8 @@ async def erase(
     others = [c for c, _ in await store.conversations() if c not in doomed_set]
     kept, _ = await gc.referenced_by(store, others)
     cutoff = (time.time() if now is None else now) - grace_s
-    kept |= await gc.young_manifest_files(store, cutoff)
+    # A young checkpoint of another run keeps its files; the erased runs' own checkpoints do not.
+    kept |= await gc.young_manifest_files(store, cutoff, besides=candidates)
     for digest, users in (await store.blob_ref_runs(sorted(candidates))).items():
         if users - run_set:
             kept.add(digest)

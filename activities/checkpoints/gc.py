@@ -48,7 +48,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field
 
 from activities.checkpoints.ids import real_base
@@ -212,10 +212,11 @@ async def referenced_by(store: RunStore, conversation_ids: list[str]) -> tuple[s
     return marked, problems
 
 
-async def young_manifest_files(store: RunStore, cutoff: float) -> set[str]:
-    """The files of every manifest first stored at or after ``cutoff`` (checkpoints no entry may name yet)."""
+async def young_manifest_files(store: RunStore, cutoff: float, *, besides: Set[str] = frozenset()) -> set[str]:
+    """The files of every manifest first stored at or after ``cutoff`` (checkpoints no entry may name yet),
+    other than those in ``besides``."""
     marked: set[str] = set()
     old_enough = set(await store.blob_digests(cutoff))
-    for digest in sorted(set(await store.blob_digests(float("inf"))) - old_enough):
+    for digest in sorted(set(await store.blob_digests(float("inf"))) - old_enough - besides):
         await _mark_young_manifest(store, digest, marked)
     return marked
