@@ -1,6 +1,7 @@
 """Wire the sandbox reaper to Temporal: a sandbox is reaped when its run's workflow chain is closed.
 
-Used by ``starter.py sandboxes reap`` and by the worker's periodic reaper task.
+Used by ``starter.py sandboxes reap`` and by the worker's periodic reaper task, which also applies
+``AGENT_RUN_RETENTION_DAYS`` (:func:`expire_runs`) and collects unreferenced store blobs.
 """
 
 from __future__ import annotations

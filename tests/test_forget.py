@@ -124,7 +124,8 @@ def audit(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     records = [r for r in lines if r.get("event") == "forget"]
     assert len(records) == 1, proc.stderr
-    return records[0]
+    record: dict[str, Any] = records[0]
+    return record
 
 
 def in_store_files(store_url: str, marker: str) -> bool:

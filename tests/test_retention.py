@@ -96,7 +96,7 @@ async def test_the_reaper_deletes_an_old_closed_runs_data_and_keeps_a_recent_one
         reaper = asyncio.create_task(
             reap_forever(
                 client,
-                lambda: runtime.sandbox_backend,
+                runtime.sandbox_backend,
                 0.05,
                 store=lambda: runtime.store,
                 run_retention_days=days,
