@@ -1,4 +1,5 @@
-"""``activities.erasure.erase`` on both stores: a forgotten run's blobs go, a blob another run uses stays.
+"""``activities.erasure.erase`` on both stores, plain and encrypted: a forgotten run's blobs go, a blob another
+run uses stays.
 
 Two tenants' runs each checkpoint a workspace with a file of their own and one file of the same bytes
 (one blob: content-addressed). Erasing A's conversation deletes its transcript, checkpoint usage, blob
@@ -9,12 +10,17 @@ B's conversation, and garbage collection afterwards keeps them. A second erase d
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+
+import pytest
 
 from activities.checkpoints import gc
 from activities.erasure import erase
 from activities.sandbox.checkpointable import Manifest, ManifestEntry
+from activities.store import open_store
 from activities.store.base import RunStore
 from activities.store.ledger import ClaimRequest
+from tests.crypto_keys import TEST_ONLY_K1, ring
 from workflows.types import Message
 
 SHARED = b"the same bytes in both tenants' workspaces"
@@ -38,6 +44,14 @@ async def checkpointed_run(store: RunStore, conversation: str, tenant: str, own:
     await store.put_message(conversation, 1, Message(role="user", content=f"write {own.decode()}"))
     await store.put_message(conversation, 2, Message(role="tool", content="wrote"), {"checkpoint": checkpoint})
     return checkpoint, own_digest
+
+
+@pytest.fixture(params=["plain", "encrypted"])
+async def store(request: pytest.FixtureRequest, store_url: str) -> AsyncIterator[RunStore]:
+    """The store at ``store_url`` (SQLite, PostgreSQL), as it is and encrypted at rest."""
+    opened = open_store(store_url, ring(TEST_ONLY_K1) if request.param == "encrypted" else None)
+    yield opened
+    await opened.close()
 
 
 async def test_erase_keeps_what_another_run_uses_and_is_idempotent(store: RunStore) -> None:
