@@ -43,6 +43,7 @@ class Erased:
     blobs: int = 0
     ledger_entries: int = 0
     shared_blobs_kept: int = 0  # blobs of the erased conversations that others still use
+    scrubbed: bool = True  # the store's files hold no copy of what was deleted (see RunStore.scrub)
     problems: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -78,14 +79,16 @@ async def erase(
         candidates.update(await store.blob_refs_of(run))
     stored = set(await store.blob_digests(float("inf")))
     candidates &= stored
-    others = [c for c, _ in await store.conversations() if c not in doomed_set]
-    kept, _ = await gc.referenced_by(store, others)
-    cutoff = (time.time() if now is None else now) - grace_s
-    # A young checkpoint of another run keeps its files; the erased runs' own checkpoints do not.
-    kept |= await gc.young_manifest_files(store, cutoff, besides=candidates)
-    for digest, users in (await store.blob_ref_runs(sorted(candidates))).items():
-        if users - run_set:
-            kept.add(digest)
+    kept: set[str] = set()
+    if candidates:  # else there is nothing to keep: no need to read every other conversation
+        others = [c for c, _ in await store.conversations() if c not in doomed_set]
+        kept, _ = await gc.referenced_by(store, others)
+        cutoff = (time.time() if now is None else now) - grace_s
+        # A young checkpoint of another run keeps its files; the erased runs' own checkpoints do not.
+        kept |= await gc.young_manifest_files(store, cutoff, besides=candidates)
+        for digest, users in (await store.blob_ref_runs(sorted(candidates))).items():
+            if users - run_set:
+                kept.add(digest)
     blobs = sorted(candidates - kept)
     report.shared_blobs_kept = len(candidates) - len(blobs)
     sizes = [await store.count_messages(c) for c in doomed]
@@ -105,5 +108,5 @@ async def erase(
         report.ledger_entries += await store.delete_ledger(workflow_id)
     for start in range(0, len(blobs), gc.DELETE_BATCH):
         report.blobs += await store.delete_blobs(blobs[start : start + gc.DELETE_BATCH])
-    await store.scrub()
+    report.scrubbed = await store.scrub()  # also when nothing was deleted now: an earlier scrub may not have completed
     return report

@@ -80,6 +80,7 @@ class ForgetReport:
     open_runs: list[str] = field(default_factory=list)  # left alone (or, with include_open, still open)
     kept_ledgers: list[str] = field(default_factory=list)  # workflow ids another run shares
     problems: list[str] = field(default_factory=list)
+    scrubbed: bool = True
 
 
 async def find_runs(client: Client, tenant: str, user: str | None) -> list[Run]:
@@ -239,6 +240,7 @@ async def forget(
     conversations = await _conversations_of(store, closed, tenant, user)
     erased = await erase(store, conversations, sorted({r.workflow_id for r in closed} - shared), dry_run=dry_run)
     report.problems = erased.problems
+    report.scrubbed = erased.scrubbed
     report.counts["runs"] = len(closed) if dry_run else 0
     report.counts.update(erased.counts())
     for kind, deleter in SCOPE_DELETERS.items():

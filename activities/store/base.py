@@ -284,9 +284,12 @@ class RunStore(Protocol):
         """Delete what ``run``'s checkpoints were counted as; how many checkpoints it had recorded."""
         ...
 
-    async def scrub(self) -> None:
+    async def scrub(self) -> bool:
         """Make what was deleted unrecoverable from the store's own files where the database allows it
-        (SQLite: checkpoint and truncate the WAL; PostgreSQL: ``VACUUM`` the tables deleted from)."""
+        (SQLite: checkpoint and truncate the WAL; PostgreSQL: ``VACUUM`` the tables deleted from).
+
+        False when it could not complete (SQLite: another connection kept reading past the busy timeout,
+        so the WAL still holds earlier page images until its next checkpoint): run it again."""
         ...
 
     async def close(self) -> None: ...

@@ -81,7 +81,8 @@ class PostgresErasure:
         await self._delete("DELETE FROM checkpoint_usage WHERE run = %s AND checkpoint_id = %s", run, STOPPED)
         return await self._delete("DELETE FROM checkpoint_usage WHERE run = %s", run)
 
-    async def scrub(self) -> None:
+    async def scrub(self) -> bool:
         async with self._conn() as conn:
             for table in SCRUBBED_TABLES:
                 await conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(table)))
+        return True

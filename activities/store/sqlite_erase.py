@@ -73,9 +73,10 @@ class SQLiteErasure:
             self._conn.execute("DELETE FROM checkpoint_usage WHERE run = ? AND checkpoint_id = ?", (run, STOPPED))
             return self._conn.execute("DELETE FROM checkpoint_usage WHERE run = ?", (run,)).rowcount
 
-    def _scrub(self) -> None:
+    def _scrub(self) -> bool:
         with self._lock:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return not busy
 
     async def blob_ref(self, run: str, tenant: str, user: str, digests: list[str]) -> None:
         if digests:
@@ -102,5 +103,5 @@ class SQLiteErasure:
     async def delete_checkpoint_usage(self, run: str) -> int:
         return await self._call(self._delete_checkpoint_usage, run)
 
-    async def scrub(self) -> None:
-        await self._call(self._scrub)
+    async def scrub(self) -> bool:
+        return await self._call(self._scrub)

@@ -83,6 +83,11 @@ async def cmd_forget(client: Client, args: argparse.Namespace, settings: Setting
         print(f"  ({shared} blob(s) kept: other runs still use the same content)")
     if report.kept_ledgers:
         print(f"  ledger entries kept for workflow ids other runs share: {', '.join(report.kept_ledgers)}")
+    if not report.scrubbed:
+        print(
+            "  note: the SQLite WAL could not be truncated (another connection kept reading): earlier copies of the "
+            "deleted rows stay in it until its next checkpoint; run forget again"
+        )
     for problem in report.problems:
         print(f"  note: {problem}")
     if report.open_runs:
