@@ -19,7 +19,8 @@ Used by ``starter.py forget`` (:mod:`durable_agents.cli.forget`). The steps:
    asynchronously: visibility may list a run for a few seconds after.
 
 A dry run does steps 1 and 3 as counts and deletes nothing. Running it again is safe: what is gone
-is not found again, and a run the server is still deleting is deleted again at most (counted 0).
+is not found again (a run the server is still deleting may be listed and its deletion asked for again;
+its data in the store is gone already).
 """
 
 from __future__ import annotations
