@@ -172,6 +172,14 @@ VARIABLES: tuple[Variable, ...] = (
         "checkpoints.retention_days",
     ),
     Variable(
+        "AGENT_RUN_RETENTION_DAYS",
+        CHECKPOINTS,
+        "Runs closed longer ago than this lose their transcripts, checkpoints and blobs (a blob another run "
+        "still uses stays); the worker's reaper deletes them.",
+        default="unset: kept",
+        kind="number (days, > 0)",
+    ),
+    Variable(
         "AGENT_CHECKPOINT_RUN_MAX_MB",
         CHECKPOINTS,
         "What one run's checkpoints may add to the run store in all (new bytes after dedupe).",

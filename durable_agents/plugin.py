@@ -199,6 +199,7 @@ class DurableAgentsPlugin(SimplePlugin):
                     self.settings.sandbox.reap_interval_s,
                     store=lambda: self.runtime.store,
                     retention_days=self.settings.checkpoints.retention_days,
+                    run_retention_days=self.settings.checkpoints.run_retention_days,
                 ),
                 name="sandbox-reaper",
             )

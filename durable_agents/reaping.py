@@ -1,6 +1,7 @@
 """Wire the sandbox reaper to Temporal: a sandbox is reaped when its run's workflow chain is closed.
 
-Used by ``starter.py sandboxes reap`` and by the worker's periodic reaper task.
+Used by ``starter.py sandboxes reap`` and by the worker's periodic reaper task, which also applies
+``AGENT_RUN_RETENTION_DAYS`` (:func:`expire_runs`) and collects unreferenced store blobs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.checkpoints import gc
 from activities.checkpoints.gc import workflow_of
+from activities.erasure import Erased, erase
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
@@ -56,7 +58,9 @@ async def reap_once(client: Client, backend: SandboxBackend, *, min_age_s: float
     return await reap(backend, run_closed_checker(client), min_age_s=min_age_s)
 
 
-def conversation_keeper(client: Client, retention_s: float) -> Callable[[str, float], Awaitable[bool]]:
+def conversation_keeper(
+    client: Client, retention_s: float, clock: Callable[[], float] = time.time
+) -> Callable[[str, float], Awaitable[bool]]:
     """``keep(conversation_id, last_write)`` for checkpoint garbage collection.
 
     Kept: conversations of running chains, and of chains closed less than ``retention_s`` ago (so
@@ -67,7 +71,7 @@ def conversation_keeper(client: Client, retention_s: float) -> Callable[[str, fl
     described: dict[str, tuple[str, bool, float | None]] = {}  # workflow id -> (first run, running, closed at)
 
     async def keep(conversation_id: str, last_write: float) -> bool:
-        now = time.time()
+        now = clock()
         try:
             workflow_id, first_run_id = workflow_of(conversation_id)
         except ValueError:
@@ -101,6 +105,23 @@ async def collect_garbage(
     return await gc.collect(store, keep_conversation=keep, grace_s=grace_s)
 
 
+async def expire_runs(
+    client: Client, store: RunStore, run_retention_days: float, *, clock: Callable[[], float] = time.time
+) -> Erased:
+    """``AGENT_RUN_RETENTION_DAYS``: delete the transcripts, checkpoints and blobs of runs closed longer ago.
+
+    The same rules as ``forget`` (:func:`activities.erasure.erase`): a blob another run still uses stays.
+    Which conversations are old is :func:`conversation_keeper`'s answer with that retention (a conversation
+    Temporal no longer knows counts from its last write). Ledger entries stay: they are keyed by workflow
+    id, which a newer run may reuse.
+    """
+    keep = conversation_keeper(client, run_retention_days * 86400, clock)
+    expired = [c for c, last_write in await store.conversations() if not await keep(c, last_write)]
+    if not expired:
+        return Erased()
+    return await erase(store, expired, [], now=clock())
+
+
 async def reap_forever(
     client: Client,
     backend: Callable[[], SandboxBackend],
@@ -108,12 +129,15 @@ async def reap_forever(
     *,
     store: Callable[[], RunStore] | None = None,
     retention_days: float = 7.0,
+    run_retention_days: float | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> None:
     """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
 
-    A pass kills the sandboxes of closed runs, then (with ``store``) deletes the run store blobs no
-    open run or kept checkpoint references and gives back the tenant places (``AGENT_TENANT_MAX_OPEN_RUNS``)
-    of runs that closed without giving theirs back.
+    A pass kills the sandboxes of closed runs, then (with ``store``) deletes the data of runs closed
+    longer than ``run_retention_days`` ago (when set) and the run store blobs no open run or kept
+    checkpoint references, and gives back the tenant places (``AGENT_TENANT_MAX_OPEN_RUNS``) of runs
+    that closed without giving theirs back.
     """
     while True:
         await asyncio.sleep(every_s)
@@ -126,6 +150,14 @@ async def reap_forever(
                 log.info("reaped", summary=report.summary())
         if store is None:
             continue
+        if run_retention_days is not None:
+            try:
+                expired = await expire_runs(client, store(), run_retention_days, clock=clock)
+            except Exception as exc:
+                log.warning("run_retention_failed", error=str(exc)[:300])
+            else:
+                if expired.conversations or expired.blobs:
+                    log.info("run_retention", **expired.counts())
         try:
             collected = await collect_garbage(client, store(), retention_days)
         except Exception as exc:

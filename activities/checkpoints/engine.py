@@ -46,6 +46,7 @@ class Taken:
     read_bytes: int  # of files whose stamp changed (what this checkpoint had to read)
     duration_ms: int
     new_bytes: int = 0  # what it added to the store: contents and manifest it did not hold yet
+    blobs: tuple[str, ...] = ()  # every blob it uses: its manifest and its files' contents
 
 
 async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int, remaining: int | None = None) -> Taken:
@@ -110,6 +111,7 @@ async def take(sandbox: Checkpointable, store: RunStore, *, max_bytes: int, rema
         read_bytes=read_bytes,
         duration_ms=int((time.monotonic() - started) * 1000),
         new_bytes=new_bytes,
+        blobs=(checkpoint_id, *sorted(set(hashes.values()))),
     )
 
 

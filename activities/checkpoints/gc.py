@@ -48,7 +48,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field
 
 from activities.checkpoints.ids import real_base
@@ -190,3 +190,33 @@ async def _mark_young_manifest(store: RunStore, digest: str, marked: set[str]) -
         marked.update(Manifest.decode(data).hashes())
     except (ValueError, TypeError, AttributeError, RecursionError):
         return
+
+
+async def referenced_by(store: RunStore, conversation_ids: list[str]) -> tuple[set[str], list[str]]:
+    """Every digest the entries of ``conversation_ids`` reference, as collection marks them (the files of the
+    checkpoints they name included), and the problems of unusable manifests (see the module)."""
+    marked: set[str] = set()
+    manifests: set[str] = set()
+    problems: list[str] = []
+    for conversation_id in conversation_ids:
+        after = -1
+        while page := await store.entries_after(conversation_id, after, PAGE):
+            for entry in page:
+                checkpoint = _mark_entry(entry, marked)
+                if checkpoint and checkpoint not in manifests:
+                    manifests.add(checkpoint)
+                    problem = await _mark_manifest(store, checkpoint, marked)
+                    if problem:
+                        problems.append(f"{problem} (named by {conversation_id} entry {entry.seq})")
+            after = page[-1].seq
+    return marked, problems
+
+
+async def young_manifest_files(store: RunStore, cutoff: float, *, besides: Set[str] = frozenset()) -> set[str]:
+    """The files of every manifest first stored at or after ``cutoff`` (checkpoints no entry may name yet),
+    other than those in ``besides``."""
+    marked: set[str] = set()
+    old_enough = set(await store.blob_digests(cutoff))
+    for digest in sorted(set(await store.blob_digests(float("inf"))) - old_enough - besides):
+        await _mark_young_manifest(store, digest, marked)
+    return marked

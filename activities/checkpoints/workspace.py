@@ -99,6 +99,8 @@ class Workspace:
                 return await self._stop(sandbox, run, why)
             remaining = max(0, limits.run_max_bytes - usage.bytes)
             taken = await engine.take(sandbox, store, max_bytes=self._max_bytes, remaining=remaining)
+            # Which run (of which tenant) uses these blobs: forget and retention keep what another run uses.
+            await store.blob_ref(run, self._inv.tenant, self._inv.user, list(taken.blobs))
             await store.checkpoint_record(run, taken.checkpoint_id, taken.new_bytes)
         except engine.CheckpointBudgetExceeded as exc:
             why = (

@@ -184,6 +184,11 @@ class Settings:
             checkpoints=CheckpointSettings(
                 max_mb=reader.integer("AGENT_CHECKPOINT_MAX_MB", 256, low=1, high=1024 * 1024),
                 retention_days=reader.number("AGENT_CHECKPOINT_RETENTION_DAYS", 7.0, minimum=0.0),
+                run_retention_days=(
+                    reader.number("AGENT_RUN_RETENTION_DAYS", 0.0, positive=True)
+                    if reader.text("AGENT_RUN_RETENTION_DAYS")
+                    else None
+                ),
                 run_max_mb=reader.integer("AGENT_CHECKPOINT_RUN_MAX_MB", 0, low=1, high=1024 * 1024 * 1024),
                 run_max_count=reader.integer("AGENT_CHECKPOINT_RUN_MAX_COUNT", 1000, low=1, high=10_000_000),
             ),

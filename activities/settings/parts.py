@@ -90,6 +90,8 @@ class CheckpointSettings:
 
     max_mb: int = 256  # a workspace over this is not checkpointed (a tool error says so)
     retention_days: float = 7.0  # closed runs keep their checkpoints this long (to be forked)
+    # AGENT_RUN_RETENTION_DAYS: runs closed longer ago lose their transcripts, checkpoints and blobs (None: kept).
+    run_retention_days: float | None = None
     # What one run's checkpoints may add to the run store in all (new bytes, after dedupe), and how many
     # distinct checkpoints it may record; past either, its checkpoints stop (the model is told) and it goes on.
     run_max_mb: int = 0  # 0: RUN_MAX_FACTOR x max_mb

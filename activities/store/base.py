@@ -266,4 +266,48 @@ class RunStore(Protocol):
         """Delete the blobs stored under ``digests``; how many were deleted (absent ones are not counted)."""
         ...
 
+    # --- forgetting and retention (see ``activities.erasure``) --------------------------
+
+    async def blob_ref(self, run: str, tenant: str, user: str, digests: list[str]) -> None:
+        """Record that ``run`` (a :func:`~activities.checkpoints.ids.run_key`) of ``tenant``/``user`` uses
+        ``digests`` (idempotent)."""
+        ...
+
+    async def blob_refs_of(self, run: str) -> list[str]:
+        """The digests ``run`` is recorded to use, sorted."""
+        ...
+
+    async def blob_ref_runs(self, digests: list[str]) -> dict[str, set[str]]:
+        """For each of ``digests`` that some run is recorded to use: those runs (digests none uses are absent)."""
+        ...
+
+    async def delete_blob_refs(self, run: str) -> int:
+        """Forget which blobs ``run`` uses; how many references were deleted. (``delete_blobs`` deletes the
+        references to the blobs it deletes.)"""
+        ...
+
+    async def count_messages(self, conversation_id: str) -> int:
+        """How many entries ``conversation_id`` holds, gaps and all."""
+        ...
+
+    async def delete_conversation(self, conversation_id: str) -> int:
+        """Delete every entry of ``conversation_id``; how many were deleted."""
+        ...
+
+    async def delete_ledger(self, workflow_id: str) -> int:
+        """Delete the ledger entries (results and notes) of ``workflow_id``; how many were deleted."""
+        ...
+
+    async def delete_checkpoint_usage(self, run: str) -> int:
+        """Delete what ``run``'s checkpoints were counted as; how many checkpoints it had recorded."""
+        ...
+
+    async def scrub(self) -> bool:
+        """Make what was deleted unrecoverable from the store's own files where the database allows it
+        (SQLite: checkpoint and truncate the WAL; PostgreSQL: ``VACUUM`` the tables deleted from).
+
+        False when it could not complete (SQLite: another connection kept reading past the busy timeout,
+        so the WAL still holds earlier page images until its next checkpoint): run it again."""
+        ...
+
     async def close(self) -> None: ...

@@ -212,6 +212,36 @@ class EncryptedRunStore:
     async def delete_blobs(self, digests: list[str]) -> int:
         return await self.inner.delete_blobs(digests)
 
+    # --- forgetting and retention (ids, digests and counts only) ----------------------
+    # Tenant and user names in blob references stay plaintext, as they are in the AgentTenant search attribute.
+
+    async def blob_ref(self, run: str, tenant: str, user: str, digests: list[str]) -> None:
+        await self.inner.blob_ref(run, tenant, user, digests)
+
+    async def blob_refs_of(self, run: str) -> list[str]:
+        return await self.inner.blob_refs_of(run)
+
+    async def blob_ref_runs(self, digests: list[str]) -> dict[str, set[str]]:
+        return await self.inner.blob_ref_runs(digests)
+
+    async def delete_blob_refs(self, run: str) -> int:
+        return await self.inner.delete_blob_refs(run)
+
+    async def count_messages(self, conversation_id: str) -> int:
+        return await self.inner.count_messages(conversation_id)
+
+    async def delete_conversation(self, conversation_id: str) -> int:
+        return await self.inner.delete_conversation(conversation_id)
+
+    async def delete_ledger(self, workflow_id: str) -> int:
+        return await self.inner.delete_ledger(workflow_id)
+
+    async def delete_checkpoint_usage(self, run: str) -> int:
+        return await self.inner.delete_checkpoint_usage(run)
+
+    async def scrub(self) -> bool:
+        return await self.inner.scrub()
+
     async def close(self) -> None:
         await self.inner.close()
 

@@ -44,6 +44,7 @@ from activities.store.base import (
 from activities.store.checkpoint_usage import STOPPED, CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntry, LedgerState
 from activities.store.outage import OutageMonitor
+from activities.store.postgres_erase import PostgresErasure
 from activities.store.schema import POSTGRES_MIGRATIONS
 from workflows.types import Message
 
@@ -116,7 +117,7 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd")
 
 
-class PostgresRunStore:
+class PostgresRunStore(PostgresErasure):
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self._url = url
         self._shown = redact_url(url)
@@ -560,10 +561,10 @@ class PostgresRunStore:
         unique = sorted(set(digests))
         deleted = 0
         for start in range(0, len(unique), _DELETE_BATCH):
+            batch = unique[start : start + _DELETE_BATCH]
             async with self._conn() as conn:
-                cur = await conn.execute(
-                    "DELETE FROM blobs WHERE digest = ANY(%s)", (unique[start : start + _DELETE_BATCH],)
-                )
+                cur = await conn.execute("DELETE FROM blobs WHERE digest = ANY(%s)", (batch,))
+                await conn.execute("DELETE FROM blob_refs WHERE digest = ANY(%s)", (batch,))
             deleted += cur.rowcount
         return deleted
 

@@ -1,7 +1,7 @@
 """The run store's tables, in each database's dialect: SQLite's (created if missing) and PostgreSQL's migrations.
 
-Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage, tenant_runs); a change
-to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
+Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage, tenant_runs,
+blob_refs); a change to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
 ``schema_migrations`` (:meth:`activities.store.postgres.PostgresRunStore._migrate`).
 """
 
@@ -67,6 +67,17 @@ CREATE TABLE IF NOT EXISTS tenant_runs (
     at REAL NOT NULL,
     PRIMARY KEY (tenant, workflow_id)
 );
+-- Which runs (and their tenant and user) use a blob: forget and retention delete a blob only when no other
+-- run uses it (activities.erasure).
+CREATE TABLE IF NOT EXISTS blob_refs (
+    digest TEXT NOT NULL,
+    run TEXT NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '',
+    user_name TEXT NOT NULL DEFAULT '',
+    at REAL NOT NULL,
+    PRIMARY KEY (digest, run)
+);
+CREATE INDEX IF NOT EXISTS blob_refs_run ON blob_refs (run);
 """
 
 # Ordered: version N is POSTGRES_MIGRATIONS[N - 1]. Append only; never edit an applied one.
@@ -151,5 +162,17 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (tenant, workflow_id)
     );
+    """,
+    # Which runs use a blob (activities.erasure): forget and retention keep a blob another run still uses.
+    """
+    CREATE TABLE blob_refs (
+        digest TEXT NOT NULL,
+        run TEXT NOT NULL,
+        tenant TEXT NOT NULL DEFAULT '',
+        user_name TEXT NOT NULL DEFAULT '',
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (digest, run)
+    );
+    CREATE INDEX blob_refs_run ON blob_refs (run);
     """,
 )

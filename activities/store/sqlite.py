@@ -33,6 +33,7 @@ from activities.store.ledger import Claim, ClaimRequest, ClaimStatus, LedgerEntr
 from activities.store.outage import OutageMonitor
 from activities.store.packing import pack_text, unpack_text
 from activities.store.schema import SQLITE_SCHEMA
+from activities.store.sqlite_erase import SQLiteErasure
 from workflows.types import Message
 
 WAL_CHECKPOINT_PAGES = 256  # of 4 KiB: about 1 MiB
@@ -62,7 +63,7 @@ def is_busy(exc: BaseException) -> bool:
     return "database is locked" in text or "database table is locked" in text or "database is busy" in text
 
 
-class SQLiteRunStore:
+class SQLiteRunStore(SQLiteErasure):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +73,8 @@ class SQLiteRunStore:
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # A deleted row (a forgotten tenant's transcript) is overwritten, not left readable in a free page.
+            self._conn.execute("PRAGMA secure_delete=ON")
             # Checkpoint the WAL every ~1 MB (not SQLite's ~4 MB) and truncate it back to 1 MB afterwards:
             # the WAL is part of what a run costs on disk, and a long run must not grow it unbounded.
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
@@ -498,6 +501,7 @@ class SQLiteRunStore:
             batch = unique[start : start + _DELETE_BATCH]
             with self._lock:
                 cur = self._conn.execute(f"DELETE FROM blobs WHERE digest IN ({', '.join('?' * len(batch))})", batch)
+                self._conn.execute(f"DELETE FROM blob_refs WHERE digest IN ({', '.join('?' * len(batch))})", batch)
             deleted += cur.rowcount
         return deleted
 

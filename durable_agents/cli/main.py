@@ -75,6 +75,8 @@ from durable_agents.cli.common import (
     raise_if_cancelled,
     temporal_lost,
 )
+from durable_agents.cli.forget import add_command as add_forget_command
+from durable_agents.cli.forget import cmd_forget
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.humans import add_commands as add_human_commands
 from durable_agents.cli.humans import cmd_answer, cmd_forget_approvals
@@ -122,6 +124,7 @@ COMMANDS: dict[str, Command] = {
     "close": cmd_close,
     "transcript": cmd_transcript,
     "chat": cmd_chat,
+    "forget": cmd_forget,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -156,6 +159,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_close_command(sub)
     add_transcript_command(sub)
     add_chat_command(sub)
+    add_forget_command(sub)
     add_tools_command(sub)
     add_codec_command(sub)
     return parser
