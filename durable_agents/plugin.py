@@ -197,6 +197,7 @@ class DurableAgentsPlugin(SimplePlugin):
                     self.settings.sandbox.reap_interval_s,
                     store=lambda: self.runtime.store,
                     retention_days=self.settings.checkpoints.retention_days,
+                    memory=lambda: self.runtime.memory,
                 ),
                 name="sandbox-reaper",
             )

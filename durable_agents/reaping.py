@@ -15,6 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.checkpoints import gc
 from activities.checkpoints.gc import workflow_of
+from activities.memory import MemoryStore
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
@@ -100,6 +101,18 @@ async def collect_garbage(
     return await gc.collect(store, keep_conversation=keep, grace_s=grace_s)
 
 
+async def expire_memory(memory: MemoryStore, now: float | None = None) -> int:
+    """Delete the memory entries past ``AGENT_MEMORY_TTL_DAYS``; how many (0 after an error, which is logged)."""
+    try:
+        expired = await memory.expire(time.time() if now is None else now)
+    except Exception as exc:
+        log.warning("memory_expiry_failed", error=str(exc)[:300])
+        return 0
+    if expired:
+        log.info("memory_expired", deleted=expired)
+    return expired
+
+
 async def reap_forever(
     client: Client,
     backend: Callable[[], SandboxBackend],
@@ -107,14 +120,17 @@ async def reap_forever(
     *,
     store: Callable[[], RunStore] | None = None,
     retention_days: float = 7.0,
+    memory: Callable[[], MemoryStore] | None = None,
 ) -> None:
     """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
 
     A pass kills the sandboxes of closed runs, then (with ``store``) deletes the run store blobs no
-    open run or kept checkpoint references.
+    open run or kept checkpoint references, then (with ``memory``) the memory entries past their TTL.
     """
     while True:
         await asyncio.sleep(every_s)
+        if memory is not None:
+            await expire_memory(memory())
         try:
             report = await reap_once(client, backend())
         except Exception as exc:  # the reaper is a safety net; it must never take the worker down

@@ -134,7 +134,7 @@ async def test_entries_expire_by_ttl_and_the_reaper_deletes_them(opener: Opener)
 
 @pytest.mark.parametrize(
     "query",
-    ['a AND (b', '"unbalanced', "NEAR(x y)", "col:term", "x* OR -y", "' | ! & :*", "\x00\u202e", "))))", "^start"],
+    ["a AND (b", '"unbalanced', "NEAR(x y)", "col:term", "x* OR -y", "' | ! & :*", "\x00\u202e", "))))", "^start"],
 )
 async def test_hostile_queries_are_only_words(opener: Opener, query: str) -> None:
     memory = opener()

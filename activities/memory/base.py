@@ -32,6 +32,7 @@ class MemoryEntry(BaseModel):
     created_at: float  # unix time of the save that wrote this text
     expires_at: float | None = None  # None: never (AGENT_MEMORY_TTL_DAYS unset)
     score: float = 0.0  # search only: higher is a better match
+    user: str = ""  # the namespace's user (what a tenant-wide list tells apart)
 
 
 @dataclass(frozen=True)

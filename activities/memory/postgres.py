@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from activities.memory import scoring
+import activities.memory.scoring as scoring
 from activities.memory.base import (
     MemoryEntry,
     MemoryLimits,
@@ -59,7 +59,9 @@ class PostgresMemoryStore:
         _, key, text, created_at, expires_at, tenant, user = row[:7]
         if self.sealer is not None:
             text = self.sealer.open(tenant, user, text, key)
-        return MemoryEntry(key=key, text=text, created_at=created_at, expires_at=expires_at, score=float(score))
+        return MemoryEntry(
+            key=key, text=text, created_at=created_at, expires_at=expires_at, user=user, score=float(score)
+        )
 
     # --- save ----------------------------------------------------------------------
 
@@ -123,7 +125,7 @@ class PostgresMemoryStore:
                     [(sealer.term_hash(tenant, user, term), row[0], tf) for term, tf in counts.items()],
                 )
         await self._account(conn, tenant, user, 1, size, length)
-        return MemoryEntry(key=key, text=text, created_at=now, expires_at=expires)
+        return MemoryEntry(key=key, text=text, created_at=now, expires_at=expires, user=user)
 
     @staticmethod
     async def _account(conn: Connection, tenant: str, user: str, entries: int, size: int, length: int) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from activities.memory import scoring
+import activities.memory.scoring as scoring
 from activities.memory.base import (
     MemoryEntry,
     MemoryLimits,
@@ -83,7 +83,7 @@ class SQLiteMemoryStore:
         _, key, text, created_at, expires_at, tenant, user = row[:7]
         if self.sealer is not None:
             text = self.sealer.open(tenant, user, text, key)
-        return MemoryEntry(key=key, text=text, created_at=created_at, expires_at=expires_at, score=score)
+        return MemoryEntry(key=key, text=text, created_at=created_at, expires_at=expires_at, user=user, score=score)
 
     # --- save ----------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class SQLiteMemoryStore:
                 [(sealer.term_hash(tenant, user, term), entry_id, tf) for term, tf in counts.items()],
             )
         self._account(tenant, user, 1, size, length)
-        return MemoryEntry(key=key, text=text, created_at=now, expires_at=expires)
+        return MemoryEntry(key=key, text=text, created_at=now, expires_at=expires, user=user)
 
     def _account(self, tenant: str, user: str, entries: int, size: int, length: int) -> None:
         self._conn.execute(

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from activities.memory.base import MemoryStore
 from activities.settings import Settings
 from workflows.types import ToolInvocation
 
@@ -29,11 +30,13 @@ class ToolError(Exception):
 
 @dataclass
 class ToolContext:
-    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox."""
+    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox, and the
+    worker's long-term memory (kept to the run's namespace by the tool, which reads it from ``invocation``)."""
 
     invocation: ToolInvocation
     settings: Settings
     sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
+    memory: MemoryStore | None = None
 
 
 ToolFn = Callable[[Any, ToolContext], Awaitable[str]]

@@ -1,0 +1,125 @@
+"""The memory tools: on the real dev server two tenants' runs save and search memory and never see each
+other's entries (the namespace comes from the run, never from the model's arguments); the tools'
+bounds and bad arguments are errors the model reads; a save is idempotent by the call's key."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from activities.memory.base import MemoryLimits
+from activities.memory.sqlite import SQLiteMemoryStore
+from activities.runtime import Runtime
+from activities.settings import Settings
+from activities.tools.memory import MemorySaveArgs, MemorySearchArgs, memory_save, memory_search
+from activities.tools.spec import ToolContext, ToolError
+from tests.conftest import WorkerFactory, start_agent
+from tests.fakes.llm_server import FakeLLMServer, Scripted
+from workflows.types import ToolInvocation
+
+ALLOW_MEMORY = {"rules": [{"name": "memory", "tool": "memory_*", "decision": "allow"}]}
+
+
+def memory_agent(body: dict[str, Any]) -> Scripted:
+    """A model that does what its task says: ``save <text>`` or ``search <query>``, then reports the tool's result."""
+    messages = body["messages"]
+    tool_results = [m["content"] for m in messages if m["role"] == "tool"]
+    if tool_results:
+        return Scripted(text=f"tool said: {tool_results[-1]}")
+    task = next(m["content"] for m in messages if m["role"] == "user")
+    verb, _, rest = task.partition(" ")
+    if verb == "save":
+        return Scripted(tool_calls=[("memory_save", json.dumps({"text": rest}))])
+    if verb == "delete":
+        return Scripted(tool_calls=[("memory_delete", json.dumps({"key": rest}))])
+    # A model that tries to name another namespace: the argument is refused, and there is no such field.
+    if verb == "sneak":
+        return Scripted(tool_calls=[("memory_search", json.dumps({"query": rest, "tenant": "acme"}))])
+    return Scripted(tool_calls=[("memory_search", json.dumps({"query": rest, "limit": 5}))])
+
+
+async def test_two_tenants_runs_never_see_each_others_memory(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(ALLOW_MEMORY))
+    runtime = Runtime.from_settings(replace(runtime.settings, policy_file=str(policy)))
+    llm.default = memory_agent
+    client = dev_env.client
+    acme_marker, globex_marker = f"acmeplan{uuid.uuid4().hex[:8]}", f"globexplan{uuid.uuid4().hex[:8]}"
+
+    async def run(task: str, tenant: str, user: str = "ann") -> str:
+        handle = await start_agent(client, tq, id_prefix=f"mem-{tenant}", task=task, tenant=tenant, user=user)
+        result = await handle.result()
+        assert result.status == "completed", result
+        return result.output
+
+    try:
+        async with run_worker(client, runtime) as tq:
+            saved_a = await run(f"save the launch plan is {acme_marker}", "acme")
+            saved_b = await run(f"save the launch plan is {globex_marker}", "globex")
+            assert "saved memory entry" in saved_a and "saved memory entry" in saved_b
+            found_a = await run("search launch plan", "acme")
+            found_b = await run("search launch plan", "globex")
+            other_user = await run("search launch plan", "acme", user="bob")
+            sneaky = await run(f"sneak {acme_marker}", "globex")
+            key_a = found_a.split("[", 1)[1].split("]", 1)[0]
+            deleted_by_b = await run(f"delete {key_a}", "globex")
+            found_a_again = await run("search launch plan", "acme")
+    finally:
+        await runtime.aclose()
+    assert acme_marker in found_a and globex_marker not in found_a
+    assert globex_marker in found_b and acme_marker not in found_b
+    assert "No memory entries matched" in other_user  # same tenant, another user: another namespace
+    assert acme_marker not in sneaky and "tenant" in sneaky  # unknown argument: a tool error the model reads
+    assert "no memory entry has the key" in deleted_by_b
+    assert acme_marker in found_a_again
+
+
+def _context(memory: SQLiteMemoryStore, key: str, tenant: str = "t") -> ToolContext:
+    invocation = ToolInvocation(
+        conversation_id="c",
+        workflow_id="w",
+        step=1,
+        call_id="call",
+        call_index=0,
+        seq=1,
+        tool="memory_save",
+        arguments={},
+        idempotency_key=key,
+        tenant=tenant,
+        user="u",
+    )
+    return ToolContext(invocation=invocation, settings=Settings(), memory=memory)
+
+
+async def test_a_retried_save_stores_one_entry_and_bounds_reach_the_model(tmp_path: Path) -> None:
+    memory = SQLiteMemoryStore(tmp_path / "s.sqlite3", None, MemoryLimits(max_entries=1))
+    try:
+        first = await memory_save(MemorySaveArgs(text="the user likes tea"), _context(memory, "k1"))
+        again = await memory_save(MemorySaveArgs(text="the user likes tea"), _context(memory, "k1"))
+        assert first == again and await memory.count("t", "u") == 1
+        try:
+            await memory_save(MemorySaveArgs(text="another"), _context(memory, "k2"))
+        except ToolError as exc:
+            assert "AGENT_MEMORY_MAX_ENTRIES" in str(exc)
+        else:
+            raise AssertionError("a save over the bound should be a tool error")
+        try:
+            await memory_search(MemorySearchArgs(query="?? !!"), _context(memory, "k3"))
+        except ToolError as exc:
+            assert "no words" in str(exc)
+        else:
+            raise AssertionError("a query without words should be a tool error")
+        found = await memory_search(MemorySearchArgs(query="tea"), _context(memory, "k4"))
+        assert "the user likes tea" in found
+        assert "No memory entries matched" in await memory_search(
+            MemorySearchArgs(query="tea"), _context(memory, "k5", tenant="other")
+        )
+    finally:
+        await memory.close()
