@@ -15,12 +15,12 @@ from temporalio.testing import WorkflowEnvironment
 from activities.memory.base import MemoryLimits
 from activities.memory.sqlite import SQLiteMemoryStore
 from activities.runtime import Runtime
-from activities.settings import Settings
+from activities.settings import ConfigurationError, Settings
 from activities.tools.memory import MemorySaveArgs, MemorySearchArgs, memory_save, memory_search
 from activities.tools.spec import ToolContext, ToolError
 from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from workflows.types import ToolInvocation
+from workflows.types import SubagentDef, ToolInvocation
 
 ALLOW_MEMORY = {"rules": [{"name": "memory", "tool": "memory_*", "decision": "allow"}]}
 
@@ -81,6 +81,54 @@ async def test_two_tenants_runs_never_see_each_others_memory(
     assert acme_marker in found_a_again
 
 
+def helper_searches(body: dict[str, Any]) -> Scripted:
+    """The parent delegates its task to ``helper``; the helper searches memory for it and reports what it read."""
+    messages = body["messages"]
+    tool_results = [m["content"] for m in messages if m["role"] == "tool"]
+    if messages[0]["content"] == "You are the helper.":
+        if tool_results:
+            return Scripted(text=f"helper read: {tool_results[-1]}")
+        task = next(m["content"] for m in messages if m["role"] == "user")
+        return Scripted(tool_calls=[("memory_search", json.dumps({"query": task}))])
+    if tool_results:
+        return Scripted(text=f"parent got: {tool_results[-1]}")
+    return (
+        memory_agent(body)
+        if not messages[-1]["content"].startswith("ask ")
+        else Scripted(tool_calls=[("helper", json.dumps({"task": messages[-1]["content"][4:]}))])
+    )
+
+
+async def test_a_sub_agent_searches_its_parents_namespace_only(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(ALLOW_MEMORY))
+    runtime = Runtime.from_settings(replace(runtime.settings, policy_file=str(policy)))
+    llm.default = helper_searches
+    client = dev_env.client
+    helper = {"helper": SubagentDef(description="Searches memory.", system_prompt="You are the helper.")}
+
+    async def run(task: str, tenant: str) -> str:
+        handle = await start_agent(
+            client, tq, id_prefix=f"memsub-{tenant}", task=task, tenant=tenant, user="ann", subagents=helper
+        )
+        result = await handle.result()
+        assert result.status == "completed", result
+        return result.output
+
+    try:
+        async with run_worker(client, runtime) as tq:
+            await run("save the acme budget is 42 dollars", "acme")
+            await run("save the globex budget is 99 dollars", "globex")
+            acme = await run("ask budget", "acme")
+            globex = await run("ask budget", "globex")
+    finally:
+        await runtime.aclose()
+    assert "42 dollars" in acme and "99 dollars" not in acme, acme
+    assert "99 dollars" in globex and "42 dollars" not in globex, globex
+
+
 def _context(memory: SQLiteMemoryStore, key: str, tenant: str = "t") -> ToolContext:
     invocation = ToolInvocation(
         conversation_id="c",
@@ -123,3 +171,36 @@ async def test_a_retried_save_stores_one_entry_and_bounds_reach_the_model(tmp_pa
         )
     finally:
         await memory.close()
+
+
+async def test_the_reapers_expiry_pass_deletes_expired_entries(tmp_path: Path) -> None:
+    from durable_agents.reaping import expire_memory
+
+    memory = SQLiteMemoryStore(tmp_path / "s.sqlite3", None, MemoryLimits(ttl_s=60.0), clock=lambda: 1000.0)
+    try:
+        await memory.save("t", "u", "old", "an old note", "1")
+        assert await expire_memory(memory, now=1059.0) == 0
+        assert await expire_memory(memory, now=1061.0) == 1
+        assert await memory.count("t", "u") == 0
+    finally:
+        await memory.close()
+    assert await expire_memory(memory, now=2000.0) == 0  # a closed store: logged, never raised
+
+
+def test_memory_settings_are_read_and_bounded() -> None:
+    read = Settings.from_env(
+        {"AGENT_MEMORY_MAX_ENTRIES": "7", "AGENT_MEMORY_MAX_MB": "3", "AGENT_MEMORY_TTL_DAYS": "1.5"}
+    ).memory
+    assert (read.max_entries, read.max_bytes, read.ttl_s) == (7, 3 * 1024 * 1024, 1.5 * 86400)
+    assert Settings.from_env({}).memory.ttl_s is None
+    for name, value in (
+        ("AGENT_MEMORY_MAX_ENTRIES", "0"),
+        ("AGENT_MEMORY_MAX_MB", "x"),
+        ("AGENT_MEMORY_TTL_DAYS", "-1"),
+    ):
+        try:
+            Settings.from_env({name: value})
+        except ConfigurationError as exc:
+            assert name in str(exc) and "\n" not in str(exc)
+        else:
+            raise AssertionError(f"{name}={value} should be refused")
