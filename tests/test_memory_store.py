@@ -211,3 +211,10 @@ async def test_forget_vacuums_postgres(postgres_db_url: str) -> None:
             "SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables WHERE relname = 'memory_entries'"
         ).fetchone()
     assert row is not None and row[1] is not None  # VACUUM ran on the table
+
+
+async def test_words_are_cut_the_same_way_on_every_store(opener: Opener) -> None:
+    memory = opener()
+    await memory.save("t", "u", "k", "Mail ann@example.com about v3.12 at https://docs.example.org/a-b", "1")
+    for query in ("example", "ann", "12", "docs", "b", "MAIL", "https://docs.example.org/a-b"):
+        assert [e.key for e in await memory.search("t", "u", query, 5)] == ["k"], query

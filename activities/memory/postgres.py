@@ -29,12 +29,12 @@ from activities.memory.base import (
     over_bounds,
 )
 from activities.memory.sealing import Sealer
-from activities.memory.terms import query_terms, term_counts, tsquery_text
+from activities.memory.terms import query_terms, term_counts, terms, tsquery_text
 from activities.store.postgres import Connection, PostgresRunStore
 
 _COLUMNS = "e.id, e.key, e.text, e.created_at, e.expires_at, e.tenant, e.user_name"
 _LIVE = "(e.expires_at IS NULL OR e.expires_at > %s)"
-# 'simple': lower-cased words, no stemming or stop words, the same terms as SQLite's FTS5 and the keyed index.
+# 'simple': no stemming or stop words; the text it gets is already our terms (activities.memory.terms).
 _CONFIG = "simple"
 
 
@@ -104,6 +104,9 @@ class PostgresMemoryStore:
             await conn.execute("DELETE FROM memory_entries WHERE id = %s", (old[0],))
             await self._account(conn, tenant, user, -1, -int(old[1]), -int(old[2]))
         counts, length = term_counts(text)
+        # Our own terms, not PostgreSQL's parser's (which keeps "3.12", URLs or e-mail addresses whole): the
+        # query is cut into words the same way, so every word of the text can be found.
+        words = " ".join(terms(text))
         size = len(text.encode())
         now = self.clock()
         expires = None if self.limits.ttl_s is None else now + self.limits.ttl_s
@@ -114,7 +117,7 @@ class PostgresMemoryStore:
             "INSERT INTO memory_entries (tenant, user_name, key, idem_key, text, size, length, sealed, created_at,"
             " expires_at, tsv) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
             f" CASE WHEN %s THEN NULL ELSE to_tsvector('{_CONFIG}', %s) END) RETURNING id",
-            (tenant, user, key, idem_key, stored, size, length, sealed, now, expires, sealed, "" if sealed else text),
+            (tenant, user, key, idem_key, stored, size, length, sealed, now, expires, sealed, "" if sealed else words),
         )
         row = await cur.fetchone()
         assert row is not None
