@@ -14,6 +14,7 @@ from activities.memory.postgres import PostgresMemoryStore
 from activities.memory.sealing import Sealer
 from activities.memory.sqlite import SQLiteMemoryStore
 from tests.crypto_keys import TEST_ONLY_K1, TEST_ONLY_K2, ring
+from tests.pg import StoppablePostgres
 
 Opener = Callable[..., MemoryStore]
 
@@ -218,3 +219,35 @@ async def test_words_are_cut_the_same_way_on_every_store(opener: Opener) -> None
     await memory.save("t", "u", "k", "Mail ann@example.com about v3.12 at https://docs.example.org/a-b", "1")
     for query in ("example", "ann", "12", "docs", "b", "MAIL", "https://docs.example.org/a-b"):
         assert [e.key for e in await memory.search("t", "u", query, 5)] == ["k"], query
+
+
+def _tree_holds(root: Path, marker: bytes) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                if marker in path.read_bytes():
+                    found.append(str(path.relative_to(root)))
+            except OSError:
+                continue  # a file the server removed meanwhile
+    return found
+
+
+async def test_sealed_memory_is_not_plaintext_in_postgres_files(stoppable_postgres: StoppablePostgres) -> None:
+    import psycopg
+
+    pgdata = Path(stoppable_postgres._server.pgdata)
+    plain_marker, sealed_marker = b"zqxjpgplain31", b"zqxjpgsealed64"
+    plain = PostgresMemoryStore(stoppable_postgres.url)
+    sealed = PostgresMemoryStore(stoppable_postgres.url, Sealer(ring(TEST_ONLY_K1)))
+    try:
+        await plain.save("t", "u", "p", f"plain {plain_marker.decode()}", "1")
+        await sealed.save("t", "v", "s", f"sealed {sealed_marker.decode()}", "2")
+        assert [e.key for e in await sealed.search("t", "v", sealed_marker.decode(), 5)] == ["s"]
+    finally:
+        await plain.close()
+        await sealed.close()
+    with psycopg.connect(stoppable_postgres.url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")  # the rows reach the tables' files, not only the WAL
+    assert _tree_holds(pgdata, plain_marker), "positive control: the plaintext marker is in the server's files"
+    assert _tree_holds(pgdata, sealed_marker) == []
