@@ -20,7 +20,10 @@ from activities.tools.memory import MemorySaveArgs, MemorySearchArgs, memory_sav
 from activities.tools.spec import ToolContext, ToolError
 from tests.conftest import WorkerFactory, start_agent
 from tests.fakes.llm_server import FakeLLMServer, Scripted
-from workflows.types import SubagentDef, ToolInvocation
+from tests.waiting import eventually
+from workflows.agent import AgentWorkflow
+from workflows.session_types import SendResult, SessionMessage, SessionSpec
+from workflows.types import AgentInput, StatusView, SubagentDef, ToolInvocation
 
 ALLOW_MEMORY = {"rules": [{"name": "memory", "tool": "memory_*", "decision": "allow"}]}
 
@@ -127,6 +130,55 @@ async def test_a_sub_agent_searches_its_parents_namespace_only(
         await runtime.aclose()
     assert "42 dollars" in acme and "99 dollars" not in acme, acme
     assert "99 dollars" in globex and "42 dollars" not in globex, globex
+
+
+async def test_sessions_of_two_tenants_keep_their_memory_apart(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(ALLOW_MEMORY))
+    runtime = Runtime.from_settings(replace(runtime.settings, policy_file=str(policy)))
+
+    def session_agent(body: dict[str, Any]) -> Scripted:
+        messages = body["messages"]
+        if messages[-1]["role"] == "tool":
+            return Scripted(text=f"tool said: {messages[-1]['content']}")
+        verb, _, rest = messages[-1]["content"].partition(" ")
+        tool = ("memory_save", {"text": rest}) if verb == "save" else ("memory_search", {"query": rest})
+        return Scripted(tool_calls=[(tool[0], json.dumps(tool[1]))])
+
+    llm.default = session_agent
+    client = dev_env.client
+
+    async def chat(tenant: str, texts: list[str]) -> str:
+        handle = await client.start_workflow(
+            AgentWorkflow.run,
+            AgentInput(session=SessionSpec(), tenant=tenant, user="ann"),
+            id=f"memsession-{tenant}-{uuid.uuid4().hex[:8]}",
+            task_queue=tq,
+        )
+        for number, text in enumerate(texts, 1):
+            sent = await handle.execute_update(
+                "send", SessionMessage(message_id=f"m{number}", text=text), result_type=SendResult
+            )
+            assert sent.accepted
+
+            async def replied(seq: int = number) -> bool:
+                view: StatusView = await handle.query(AgentWorkflow.status)
+                return view.replied >= seq and view.state == "idle"
+
+            await eventually(replied, f"{tenant}'s reply {number}")
+        await handle.signal("close")
+        return (await handle.result()).output
+
+    try:
+        async with run_worker(client, runtime) as tq:
+            acme = await chat("acme", ["save acme's wifi password hint is parrot", "search wifi password"])
+            globex = await chat("globex", ["search wifi password"])
+    finally:
+        await runtime.aclose()
+    assert "parrot" in acme, acme
+    assert "parrot" not in globex and "No memory entries matched" in globex, globex
 
 
 def _context(memory: SQLiteMemoryStore, key: str, tenant: str = "t") -> ToolContext:
