@@ -251,3 +251,21 @@ async def test_sealed_memory_is_not_plaintext_in_postgres_files(stoppable_postgr
         conn.execute("CHECKPOINT")  # the rows reach the tables' files, not only the WAL
     assert _tree_holds(pgdata, plain_marker), "positive control: the plaintext marker is in the server's files"
     assert _tree_holds(pgdata, sealed_marker) == []
+
+
+async def test_a_word_most_entries_hold_is_left_out_beside_a_rarer_one(opener: Opener) -> None:
+    memory = opener()
+    for i in range(20):
+        await memory.save("t", "u", f"n{i}", f"note {i} about the project", f"n{i}")
+    await memory.save("t", "u", "deadline", "the project deadline is in may", "d")
+    found = await memory.search("t", "u", "the project deadline", 3)
+    assert found[0].key == "deadline"  # SQLite and the keyed index score "deadline" alone (the others: every entry)
+    assert len(await memory.search("t", "u", "the project", 30)) == 21  # common words alone are all kept
+
+
+def test_selective_keeps_common_words_when_nothing_rarer_is_found() -> None:
+    from activities.memory.scoring import selective
+
+    assert selective({"the": 90, "deadline": 3}, 100) == {"deadline": 3}
+    assert selective({"the": 90, "nowhere": 0}, 100) == {"the": 90, "nowhere": 0}
+    assert selective({"the": 90, "a": 80}, 100) == {"the": 90, "a": 80}

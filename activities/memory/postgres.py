@@ -167,7 +167,7 @@ class PostgresMemoryStore:
                 "SELECT entries, terms FROM memory_namespaces WHERE tenant = %s AND user_name = %s", (tenant, user)
             )
             usage = await cur.fetchone()
-            weights = scoring.weights(frequencies, usage)
+            weights = scoring.weights(scoring.selective(frequencies, int(usage[0]) if usage else 0), usage)
             cur = await conn.execute(
                 scoring.keyed_query(_COLUMNS, "%s", len(weights)),
                 [*scoring.flat(weights), scoring.avg_length(usage), tenant, user, now, limit],

@@ -7,9 +7,21 @@ and passed in as a ``VALUES`` list, so neither database needs a logarithm functi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from activities.memory.terms import BM25_B, BM25_K1, bm25_idf
+
+K = TypeVar("K")
+# A query word in more than this share of the entries is left out when a rarer word is in the query: it
+# would add almost nothing to a BM25 score (its idf is small) and cost a score for nearly every entry.
+COMMON_SHARE = 0.2
+
+
+def selective(frequencies: Mapping[K, int], entries: int) -> dict[K, int]:
+    """The query terms worth scoring, given each one's number of entries: the common ones are dropped while
+    a rarer one remains (a query of common words only keeps them all)."""
+    rare = {term: count for term, count in frequencies.items() if count <= COMMON_SHARE * max(entries, 1)}
+    return rare if any(rare.values()) else dict(frequencies)  # a word no entry holds finds nothing by itself
 
 
 def weights(frequencies: Mapping[bytes, int], usage: Sequence[Any] | None) -> list[tuple[bytes, float]]:

@@ -175,6 +175,7 @@ class SQLiteMemoryStore:
     def _search(self, tenant: str, user: str, words: list[str], limit: int) -> list[MemoryEntry]:
         now = self.clock()
         if self.sealer is None:
+            words = self._selective(words)
             rows = self._conn.execute(
                 f"SELECT {_COLUMNS}, bm25(memory_fts) AS rank FROM memory_fts"
                 " JOIN memory_entries e ON e.id = memory_fts.rowid"
@@ -195,12 +196,20 @@ class SQLiteMemoryStore:
         usage = self._conn.execute(
             "SELECT entries, terms FROM memory_namespaces WHERE tenant = ? AND user_name = ?", (tenant, user)
         ).fetchone()
-        weights = scoring.weights(frequencies, usage)
+        weights = scoring.weights(scoring.selective(frequencies, usage[0] if usage else 0), usage)
         sql = scoring.keyed_query(_COLUMNS, "?", len(weights))
         rows = self._conn.execute(
             sql, [*scoring.flat(weights), scoring.avg_length(usage), tenant, user, now, limit]
         ).fetchall()
         return [self._entry(row, row[7]) for row in rows]
+
+    def _selective(self, words: list[str]) -> list[str]:
+        """``words`` less the common ones (``scoring.selective``), by the index's own counts (fts5vocab)."""
+        marks = ", ".join("?" * len(words))
+        counts = dict(self._conn.execute(f"SELECT term, doc FROM memory_vocab WHERE term IN ({marks})", words))
+        (entries,) = self._conn.execute("SELECT COALESCE(SUM(entries), 0) FROM memory_namespaces").fetchone()
+        kept = scoring.selective({word: int(counts.get(word, 0)) for word in words}, int(entries))
+        return [word for word in words if word in kept]
 
     async def list(self, tenant: str, user: str | None, limit: int) -> list[MemoryEntry]:
         return await self._run(self._list, tenant, user, bound_limit(limit))

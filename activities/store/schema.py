@@ -98,6 +98,8 @@ CREATE INDEX IF NOT EXISTS memory_terms_entry ON memory_terms (entry);
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
     text, content='memory_entries', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
 );
+-- How many entries hold each term: a search leaves out the words most entries hold (activities.memory.scoring).
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_vocab USING fts5vocab(memory_fts, 'row');
 """
 
 # Ordered: version N is POSTGRES_MIGRATIONS[N - 1]. Append only; never edit an applied one.
