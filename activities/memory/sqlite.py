@@ -271,7 +271,8 @@ class SQLiteMemoryStore:
         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._conn.close)
+        # Through the lock: a call whose caller was cancelled may still be running in its thread.
+        await self._run(self._conn.close)
 
 
 def _namespace(tenant: str, user: str | None, alias: str = "e.") -> tuple[str, tuple[str, ...]]:
