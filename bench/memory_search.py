@@ -49,7 +49,12 @@ def summary(samples_ms: list[float]) -> dict[str, float]:
     def pct(q: float) -> float:
         return round(ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))], 2)
 
-    return {"p50_ms": pct(50), "p95_ms": pct(95), "max_ms": round(ordered[-1], 2), "mean_ms": round(statistics.fmean(ordered), 2)}
+    return {
+        "p50_ms": pct(50),
+        "p95_ms": pct(95),
+        "max_ms": round(ordered[-1], 2),
+        "mean_ms": round(statistics.fmean(ordered), 2),
+    }
 
 
 class Words:
