@@ -27,6 +27,8 @@ class MemoryStoreError(Exception):
 
 
 class MemoryEntry(BaseModel):
+    """One remembered text of a namespace, as a save returns it or a search or list finds it."""
+
     key: str
     text: str
     created_at: float  # unix time of the save that wrote this text
@@ -45,6 +47,9 @@ class MemoryLimits:
 
 
 class MemoryStore(Protocol):
+    """Long-term memory by namespace (tenant, user); ``ctx.memory`` in a tool. Both databases' stores
+    (``activities.memory.sqlite``, ``activities.memory.postgres``) have these methods, encrypted or not."""
+
     async def save(self, tenant: str, user: str, key: str, text: str, idem_key: str) -> MemoryEntry:
         """Store ``text`` under ``key`` ("": one derived from ``idem_key``), replacing the key's text.
 
