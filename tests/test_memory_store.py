@@ -269,3 +269,17 @@ def test_selective_keeps_common_words_when_nothing_rarer_is_found() -> None:
     assert selective({"the": 90, "deadline": 3}, 100) == {"deadline": 3}
     assert selective({"the": 90, "nowhere": 0}, 100) == {"the": 90, "nowhere": 0}
     assert selective({"the": 90, "a": 80}, 100) == {"the": 90, "a": 80}
+
+
+async def test_sealed_entries_without_the_key_ring_are_a_clear_error(tmp_path: Path) -> None:
+    from activities.store.base import StoreError
+
+    sealed = SQLiteMemoryStore(tmp_path / "s.sqlite3", Sealer(ring(TEST_ONLY_K1)))
+    await sealed.save("t", "u", "k", "a sealed note", "1")
+    await sealed.close()
+    plain = SQLiteMemoryStore(tmp_path / "s.sqlite3")
+    try:
+        with pytest.raises(StoreError, match="AGENT_PAYLOAD_KEYS"):
+            await plain.list("t", "u", 5)
+    finally:
+        await plain.close()

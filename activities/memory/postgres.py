@@ -28,8 +28,9 @@ from activities.memory.base import (
     key_for,
     over_bounds,
 )
-from activities.memory.sealing import Sealer
+from activities.memory.sealing import MARK, Sealer
 from activities.memory.terms import query_terms, term_counts, terms, tsquery_text
+from activities.store.base import StoreError
 from activities.store.postgres import Connection, PostgresRunStore
 
 _COLUMNS = "e.id, e.key, e.text, e.created_at, e.expires_at, e.tenant, e.user_name"
@@ -59,6 +60,8 @@ class PostgresMemoryStore:
         _, key, text, created_at, expires_at, tenant, user = row[:7]
         if self.sealer is not None:
             text = self.sealer.open(tenant, user, text, key)
+        elif text.startswith(MARK):
+            raise StoreError(f"memory entry {key!r} is encrypted, and no key ring is configured (AGENT_PAYLOAD_KEYS)")
         return MemoryEntry(
             key=key, text=text, created_at=created_at, expires_at=expires_at, user=user, score=float(score)
         )

@@ -28,9 +28,9 @@ from activities.memory.base import (
     key_for,
     over_bounds,
 )
-from activities.memory.sealing import Sealer
+from activities.memory.sealing import MARK, Sealer
 from activities.memory.terms import fts5_match, query_terms, term_counts
-from activities.store.base import StoreUnavailable
+from activities.store.base import StoreError, StoreUnavailable
 from activities.store.schema import SQLITE_SCHEMA
 from activities.store.sqlite import BUSY_TIMEOUT_S, is_busy
 
@@ -83,6 +83,8 @@ class SQLiteMemoryStore:
         _, key, text, created_at, expires_at, tenant, user = row[:7]
         if self.sealer is not None:
             text = self.sealer.open(tenant, user, text, key)
+        elif text.startswith(MARK):
+            raise StoreError(f"memory entry {key!r} is encrypted, and no key ring is configured (AGENT_PAYLOAD_KEYS)")
         return MemoryEntry(key=key, text=text, created_at=created_at, expires_at=expires_at, user=user, score=score)
 
     # --- save ----------------------------------------------------------------------
