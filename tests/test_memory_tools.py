@@ -256,3 +256,30 @@ def test_memory_settings_are_read_and_bounded() -> None:
             assert name in str(exc) and "\n" not in str(exc)
         else:
             raise AssertionError(f"{name}={value} should be refused")
+
+
+async def test_the_workers_reaper_deletes_expired_entries(dev_env: WorkflowEnvironment, settings: Settings) -> None:
+    from temporalio.worker import Worker
+
+    from activities.memory import open_memory
+    from activities.settings import MemorySettings, SandboxSettings
+    from durable_agents import DurableAgentsPlugin
+
+    fast = replace(
+        settings,
+        sandbox=SandboxSettings(reap_interval_s=0.05),
+        memory=MemorySettings(ttl_days=0.5 / 86400),  # half a second
+    )
+    memory = open_memory(fast)
+    try:
+        await memory.save("t", "u", "k", "soon gone", "1")
+        assert await memory.count("t", "u") == 1
+        plugin = DurableAgentsPlugin(fast, search_attributes=False)
+        async with Worker(dev_env.client, task_queue=f"memreap-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
+
+            async def reaped() -> bool:
+                return await memory.count("t", "u") == 0
+
+            await eventually(reaped, "the reaper to delete the expired entry")
+    finally:
+        await memory.close()
