@@ -5,14 +5,14 @@ from __future__ import annotations
 from activities.models import anthropic, openai, scripted
 from activities.models.registry import ProviderRegistry
 from activities.settings import Settings
-from activities.tools import builtins, http, human
+from activities.tools import builtins, http, human, memory
 from activities.tools.registry import ToolRegistry
 
 
 def tool_registry(settings: Settings) -> ToolRegistry:
     """Built-in tools plus ``AGENT_TOOL_MODULES``; ``ConfigurationError`` for a bad module or name."""
     registry = ToolRegistry()
-    for module in (builtins, http, human):
+    for module in (builtins, http, human, memory):
         registry.add_module(module)
     registry.load_modules(settings.extensions.tool_modules)
     return registry

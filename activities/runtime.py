@@ -17,6 +17,7 @@ from activities import catalog
 from activities.approvals import load_policy
 from activities.mcp.config import McpConfig, load_mcp_config
 from activities.mcp.pool import McpPool
+from activities.memory import MemoryStore, open_memory
 from activities.models.base import FatalProviderError
 from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
@@ -49,6 +50,7 @@ class Runtime:
     _sandbox_backend: SandboxBackend | None = field(default=None, repr=False)
     _store: RunStore | None = field(default=None, repr=False)
     _transcripts: TranscriptCache | None = field(default=None, repr=False)
+    _memory: MemoryStore | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(
@@ -88,6 +90,13 @@ class Runtime:
         if self._store is None:
             self._store = open_store(self.settings.store_url, self.settings.encryption.keyring)
         return self._store
+
+    @property
+    def memory(self) -> MemoryStore:
+        """Long-term memory, beside the run store (same file or database), opened on first use."""
+        if self._memory is None:
+            self._memory = open_memory(self.settings)
+        return self._memory
 
     @property
     def transcripts(self) -> TranscriptCache:
@@ -141,3 +150,6 @@ class Runtime:
         self._transcripts = None
         if store is not None:
             await store.close()
+        memory, self._memory = self._memory, None
+        if memory is not None:
+            await memory.close()

@@ -32,8 +32,21 @@ STORE = "Run store and state"
 WORKER = "Worker"
 OBSERVABILITY = "Logs, metrics and traces"
 ENCRYPTION = "Encryption and the codec server"
+MEMORY = "Long-term memory"
 
-SECTIONS = (TEMPORAL, MODELS, SANDBOX, CHECKPOINTS, POLICY, EXTENSIONS, STORE, WORKER, OBSERVABILITY, ENCRYPTION)
+SECTIONS = (
+    TEMPORAL,
+    MODELS,
+    SANDBOX,
+    CHECKPOINTS,
+    POLICY,
+    EXTENSIONS,
+    STORE,
+    MEMORY,
+    WORKER,
+    OBSERVABILITY,
+    ENCRYPTION,
+)
 
 VARIABLES: tuple[Variable, ...] = (
     # --- Temporal
@@ -196,6 +209,26 @@ VARIABLES: tuple[Variable, ...] = (
         CHECKPOINTS,
         "`0`: a run input's `fork` (and so `durable-agents fork`) is refused; `rewind` still works.",
         "allow_fork_input",
+    ),
+    # --- Long-term memory
+    Variable(
+        "AGENT_MEMORY_MAX_ENTRIES",
+        MEMORY,
+        "Entries one namespace (tenant, user) may hold; a `memory_save` past it is refused and the model reads why.",
+        "memory.max_entries",
+    ),
+    Variable(
+        "AGENT_MEMORY_MAX_MB",
+        MEMORY,
+        "Text one namespace's entries may hold in all; a `memory_save` past it is refused.",
+        "memory.max_mb",
+    ),
+    Variable(
+        "AGENT_MEMORY_TTL_DAYS",
+        MEMORY,
+        "Entries expire this long after their last save: never returned again, deleted by the worker's reaper.",
+        "memory.ttl_days",
+        default="unset: entries never expire",
     ),
     # --- Policy, approvals and cost
     Variable(

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from activities.memory import MemoryEntry, MemoryStore, MemoryStoreError
     from activities.models import (
         FatalProviderError,
         ModelProvider,
@@ -84,6 +85,10 @@ _HOMES: dict[str, str] = {
     "ToolRegistry": "activities.tools",
     "ToolSpec": "activities.tools",
     "Recovery": "activities.tools",
+    # long-term memory (``ToolContext.memory``)
+    "MemoryEntry": "activities.memory",
+    "MemoryStore": "activities.memory",
+    "MemoryStoreError": "activities.memory",
     # model providers
     "provider": "activities.models",
     "ModelProvider": "activities.models",
@@ -104,6 +109,9 @@ __all__ = [
     "DurableAgentsPlugin",
     "FatalProviderError",
     "Limits",
+    "MemoryEntry",
+    "MemoryStore",
+    "MemoryStoreError",
     "Message",
     "ModelProvider",
     "ProviderError",

@@ -200,6 +200,7 @@ class DurableAgentsPlugin(SimplePlugin):
                     store=lambda: self.runtime.store,
                     retention_days=self.settings.checkpoints.retention_days,
                     run_retention_days=self.settings.checkpoints.run_retention_days,
+                    memory=lambda: self.runtime.memory,
                 ),
                 name="sandbox-reaper",
             )

@@ -17,6 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.checkpoints import gc
 from activities.checkpoints.gc import workflow_of
 from activities.erasure import Erased, erase
+from activities.memory import MemoryStore
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
@@ -122,6 +123,18 @@ async def expire_runs(
     return await erase(store, expired, [], now=clock())
 
 
+async def expire_memory(memory: MemoryStore, now: float | None = None) -> int:
+    """Delete the memory entries past ``AGENT_MEMORY_TTL_DAYS``; how many (0 after an error, which is logged)."""
+    try:
+        expired = await memory.expire(time.time() if now is None else now)
+    except Exception as exc:
+        log.warning("memory_expiry_failed", error=str(exc)[:300])
+        return 0
+    if expired:
+        log.info("memory_expired", deleted=expired)
+    return expired
+
+
 async def reap_forever(
     client: Client,
     backend: Callable[[], SandboxBackend],
@@ -131,16 +144,19 @@ async def reap_forever(
     retention_days: float = 7.0,
     run_retention_days: float | None = None,
     clock: Callable[[], float] = time.time,
+    memory: Callable[[], MemoryStore] | None = None,
 ) -> None:
     """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
 
     A pass kills the sandboxes of closed runs, then (with ``store``) deletes the data of runs closed
     longer than ``run_retention_days`` ago (when set) and the run store blobs no open run or kept
     checkpoint references, and gives back the tenant places (``AGENT_TENANT_MAX_OPEN_RUNS``) of runs
-    that closed without giving theirs back.
+    that closed without giving theirs back; then (with ``memory``) the memory entries past their TTL.
     """
     while True:
         await asyncio.sleep(every_s)
+        if memory is not None:
+            await expire_memory(memory())
         try:
             report = await reap_once(client, backend())
         except Exception as exc:  # the reaper is a safety net; it must never take the worker down

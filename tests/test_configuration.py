@@ -184,7 +184,17 @@ def test_registries_are_independent_objects() -> None:
     settings = Settings()
     first, second = tool_registry(settings), tool_registry(settings)
     assert first is not second and first.names() == second.names()
-    assert set(first.names()) == {"ask_human", "http_request", "read_file", "run_python", "run_shell", "write_file"}
+    assert set(first.names()) == {
+        "ask_human",
+        "http_request",
+        "memory_delete",
+        "memory_save",
+        "memory_search",
+        "read_file",
+        "run_python",
+        "run_shell",
+        "write_file",
+    }
     spec = spec_of(second_read_file)
     assert spec is not None
     extra = ToolRegistry()

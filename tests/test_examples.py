@@ -392,3 +392,24 @@ def test_readme_snippets_are_excerpts_of_the_examples() -> None:
                 assert any(line == candidate for candidate in source), (
                     f"{path}: not in the file (or out of order): {line!r}"
                 )
+
+
+def test_memory_example_keeps_two_tenants_apart(dev_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    address = dev_env.client.service_client.config.target_host
+    env = example_env(tmp_path, TEMPORAL_ADDRESS=address, AGENT_TASK_QUEUE=f"memory-{uuid.uuid4().hex[:8]}")
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.memory.two_tenants"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    saved_a, saved_b, recalled_a, recalled_b = re.split(r"\n(?=acme: |globex: )", run.stdout.strip())
+    assert saved_a.startswith("acme: completed: saved memory entry"), run.stdout
+    assert saved_b.startswith("globex: completed: saved memory entry"), run.stdout
+    assert recalled_a.startswith("acme: completed") and "on the roof" in recalled_a, run.stdout
+    assert "basement" not in recalled_a, run.stdout
+    assert recalled_b.startswith("globex: completed") and "in the basement" in recalled_b, run.stdout
+    assert "roof" not in recalled_b, run.stdout

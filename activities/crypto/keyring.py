@@ -130,6 +130,12 @@ class KeyRing:
         """The keys' base64 texts, for redaction."""
         return [key.text for key in self._keys.values()]
 
+    def derive(self, label: bytes, key_id: str | None = None) -> bytes:
+        """A 32-byte key for ``label`` (one use, e.g. memory's term index), derived from key ``key_id`` (default:
+        the primary) by HMAC-SHA256: it reveals nothing of the key, and another label gets an unrelated one."""
+        key = self._keys[key_id or self.primary]
+        return hmac.new(base64.b64decode(key.text), b"durable-agents/v1|derive|" + label, hashlib.sha256).digest()
+
     def encrypt(self, plaintext: bytes, context: bytes, *, deterministic: bool = False) -> tuple[str, bytes]:
         """``(key id, nonce + ciphertext + tag)`` of ``plaintext`` under the primary key, bound to ``context``.
 

@@ -17,6 +17,7 @@ Parts::
     settings.extensions      operator tool and provider modules
     settings.worker          worker tuning (cache, slots), health port, shared-store requirement
     settings.encryption      the payload and run-store key ring, the codec server's token and origins
+    settings.memory          long-term memory's bounds per namespace and its TTL
 
 The parts are :mod:`activities.settings.parts`; reading a variable (and the error naming it) is
 :mod:`activities.settings.reader`. Every name is importable from ``activities.settings``.
@@ -44,6 +45,7 @@ from activities.settings.parts import (
     ExtensionSettings,
     LocalLimits,
     LocalSandboxSettings,
+    MemorySettings,
     ObservabilitySettings,
     ProviderEndpoint,
     SandboxSettings,
@@ -88,6 +90,7 @@ __all__ = [
     "ExtensionSettings",
     "LocalLimits",
     "LocalSandboxSettings",
+    "MemorySettings",
     "ObservabilitySettings",
     "ProviderEndpoint",
     "SandboxSettings",
@@ -113,6 +116,7 @@ class Settings:
     extensions: ExtensionSettings = field(default_factory=ExtensionSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     http_allow: tuple[str, ...] = ()
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
@@ -199,6 +203,11 @@ class Settings:
             ),
             worker=worker_settings(reader),
             encryption=encryption_settings(reader),
+            memory=MemorySettings(
+                max_entries=reader.integer("AGENT_MEMORY_MAX_ENTRIES", 10_000, low=1, high=100_000_000),
+                max_mb=reader.integer("AGENT_MEMORY_MAX_MB", 64, low=1, high=1024 * 1024),
+                ttl_days=reader.number("AGENT_MEMORY_TTL_DAYS", 0.0, positive=True) or None,
+            ),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
             store_url=store_url_of(reader, state_dir),
             state_dir=state_dir,

@@ -107,6 +107,23 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class MemorySettings:
+    """Long-term memory's bounds per namespace (tenant, user) (``AGENT_MEMORY_*``)."""
+
+    max_entries: int = 10_000  # AGENT_MEMORY_MAX_ENTRIES: a save past it is refused (the model reads why)
+    max_mb: int = 64  # AGENT_MEMORY_MAX_MB: the entries' text in all
+    ttl_days: float | None = None  # AGENT_MEMORY_TTL_DAYS: entries expire this long after their save; None: never
+
+    @property
+    def max_bytes(self) -> int:
+        return self.max_mb * 1024 * 1024
+
+    @property
+    def ttl_s(self) -> float | None:
+        return None if self.ttl_days is None else self.ttl_days * 86400.0
+
+
+@dataclass(frozen=True)
 class ObservabilitySettings:
     log_level: str = "INFO"
     metrics_port: int | None = None  # AGENT_METRICS_PORT: Prometheus on 0.0.0.0:N/metrics

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -214,6 +214,10 @@ class PostgresRunStore(PostgresErasure):
                 raise self._unavailable("run store unavailable", exc, began) from None
             raise self._error("run store error", exc) from None
         self._monitor.succeeded()
+
+    def connection(self) -> AbstractAsyncContextManager[Connection]:
+        """A pooled connection (schema migrated, outages told apart) for what shares this database (memory)."""
+        return self._conn()
 
     # --- transcript -----------------------------------------------------------------
 

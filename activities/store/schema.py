@@ -1,7 +1,8 @@
 """The run store's tables, in each database's dialect: SQLite's (created if missing) and PostgreSQL's migrations.
 
 Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage, tenant_runs,
-blob_refs); a change to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
+blob_refs, and long-term memory's: memory_entries, memory_namespaces, memory_terms, plus its full-text
+index); a change to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
 ``schema_migrations`` (:meth:`activities.store.postgres.PostgresRunStore._migrate`).
 """
 
@@ -78,6 +79,44 @@ CREATE TABLE IF NOT EXISTS blob_refs (
     PRIMARY KEY (digest, run)
 );
 CREATE INDEX IF NOT EXISTS blob_refs_run ON blob_refs (run);
+-- Long-term memory (activities.memory). "user_name": "user" is a reserved word in PostgreSQL.
+CREATE TABLE IF NOT EXISTS memory_entries (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    idem_key TEXT NOT NULL,
+    text TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    sealed INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    UNIQUE (tenant, user_name, key)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS memory_entries_idem ON memory_entries (tenant, user_name, idem_key);
+CREATE INDEX IF NOT EXISTS memory_entries_expiry ON memory_entries (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS memory_namespaces (
+    tenant TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    entries INTEGER NOT NULL DEFAULT 0,
+    bytes INTEGER NOT NULL DEFAULT 0,
+    terms INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, user_name)
+);
+CREATE TABLE IF NOT EXISTS memory_terms (
+    term BLOB NOT NULL,
+    entry INTEGER NOT NULL,
+    tf INTEGER NOT NULL,
+    PRIMARY KEY (term, entry)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS memory_terms_entry ON memory_terms (entry);
+-- External content: the index holds terms only; plaintext entries are added and removed explicitly.
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
+    text, content='memory_entries', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+-- How many entries hold each term: a search leaves out the words most entries hold (activities.memory.scoring).
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_vocab USING fts5vocab(memory_fts, 'row');
 """
 
 # Ordered: version N is POSTGRES_MIGRATIONS[N - 1]. Append only; never edit an applied one.
@@ -174,5 +213,41 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (digest, run)
     );
     CREATE INDEX blob_refs_run ON blob_refs (run);
+    """,
+    # Long-term memory (activities.memory): entries, per-namespace usage, the keyed term index of sealed ones.
+    """
+    CREATE TABLE memory_entries (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        user_name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        idem_key TEXT NOT NULL,
+        text TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        sealed BOOLEAN NOT NULL DEFAULT FALSE,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION,
+        tsv TSVECTOR,
+        UNIQUE (tenant, user_name, key)
+    );
+    CREATE UNIQUE INDEX memory_entries_idem ON memory_entries (tenant, user_name, idem_key);
+    CREATE INDEX memory_entries_expiry ON memory_entries (expires_at) WHERE expires_at IS NOT NULL;
+    CREATE INDEX memory_entries_tsv ON memory_entries USING GIN (tsv);
+    CREATE TABLE memory_namespaces (
+        tenant TEXT NOT NULL,
+        user_name TEXT NOT NULL,
+        entries BIGINT NOT NULL DEFAULT 0,
+        bytes BIGINT NOT NULL DEFAULT 0,
+        terms BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant, user_name)
+    );
+    CREATE TABLE memory_terms (
+        term BYTEA NOT NULL,
+        entry BIGINT NOT NULL,
+        tf INTEGER NOT NULL,
+        PRIMARY KEY (term, entry)
+    );
+    CREATE INDEX memory_terms_entry ON memory_terms (entry);
     """,
 )

@@ -170,7 +170,7 @@ async def _execute_raw(
     spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, workspace: Workspace | None
 ) -> tuple[str, bool]:
     """Run the tool; failures the model can act on become error text, others propagate (retry)."""
-    ctx = ToolContext(invocation=inv, settings=runtime.settings)
+    ctx = ToolContext(invocation=inv, settings=runtime.settings, memory=runtime.memory)
     try:
         args = spec.args_model.model_validate(inv.arguments)
         note = ""

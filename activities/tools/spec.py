@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from activities.memory.base import MemoryStore
 from activities.settings import Settings
 from activities.tenant_secrets import SecretUnavailable, tenant_secret
 from workflows.types import ToolInvocation
@@ -36,6 +37,7 @@ class ToolContext:
     invocation: ToolInvocation
     settings: Settings
     sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
+    memory: MemoryStore | None = None
 
     def secret(self, name: str) -> str:
         """The run's tenant's secret ``name`` (``AGENT_TENANT_SECRETS_DIR/<tenant>/<name>``), or the worker's own

@@ -80,6 +80,8 @@ from durable_agents.cli.forget import cmd_forget
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
 from durable_agents.cli.humans import add_commands as add_human_commands
 from durable_agents.cli.humans import cmd_answer, cmd_forget_approvals
+from durable_agents.cli.memory import add_command as add_memory_command
+from durable_agents.cli.memory import cmd_memory
 from durable_agents.cli.run import add_command as add_run_command
 from durable_agents.cli.run import cmd_run
 from durable_agents.cli.runs import (
@@ -130,6 +132,7 @@ COMMANDS: dict[str, Command] = {
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 LOCAL_COMMANDS: dict[str, LocalCommand] = {
     "tools": cmd_tools,
+    "memory": cmd_memory,
     "codec-server": cmd_codec_server,
 }
 
@@ -161,6 +164,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_chat_command(sub)
     add_forget_command(sub)
     add_tools_command(sub)
+    add_memory_command(sub)
     add_codec_command(sub)
     return parser
 
