@@ -18,6 +18,7 @@ from activities.approvals import load_policy
 from activities.mcp.config import McpConfig, load_mcp_config
 from activities.mcp.pool import McpPool
 from activities.memory import MemoryStore, open_memory
+from activities.memory.run_memory import RunMemory
 from activities.models.base import FatalProviderError
 from activities.models.pricing import PriceTable
 from activities.models.registry import ProviderPool, ProviderRegistry
@@ -97,6 +98,10 @@ class Runtime:
         if self._memory is None:
             self._memory = open_memory(self.settings)
         return self._memory
+
+    def memory_of(self, tenant: str, user: str) -> RunMemory:
+        """The (tenant, user) namespace of :attr:`memory`, as a run's tools get it (the store opens on first use)."""
+        return RunMemory(lambda: self.memory, tenant, user)
 
     @property
     def transcripts(self) -> TranscriptCache:

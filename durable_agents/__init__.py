@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from activities.memory import MemoryEntry, MemoryStore, MemoryStoreError
+    from activities.memory import MemoryEntry, MemoryStore, MemoryStoreError, RunMemory
     from activities.models import (
         FatalProviderError,
         ModelProvider,
@@ -89,6 +89,7 @@ _HOMES: dict[str, str] = {
     "MemoryEntry": "activities.memory",
     "MemoryStore": "activities.memory",
     "MemoryStoreError": "activities.memory",
+    "RunMemory": "activities.memory",
     # model providers
     "provider": "activities.models",
     "ModelProvider": "activities.models",
@@ -121,6 +122,7 @@ __all__ = [
     "Recovery",
     "RememberedApproval",
     "RetryableProviderError",
+    "RunMemory",
     "SendResult",
     "SessionMessage",
     "SessionSpec",

@@ -13,6 +13,7 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 
 from activities.memory.base import MemoryLimits
+from activities.memory.run_memory import RunMemory
 from activities.memory.sqlite import SQLiteMemoryStore
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, Settings
@@ -195,7 +196,7 @@ def _context(memory: SQLiteMemoryStore, key: str, tenant: str = "t") -> ToolCont
         tenant=tenant,
         user="u",
     )
-    return ToolContext(invocation=invocation, settings=Settings(), memory=memory)
+    return ToolContext(invocation=invocation, settings=Settings(), memory=RunMemory(lambda: memory, tenant, "u"))
 
 
 async def test_a_retried_save_stores_one_entry_and_bounds_reach_the_model(tmp_path: Path) -> None:

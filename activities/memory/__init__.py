@@ -7,5 +7,6 @@
 
 from activities.memory.base import MemoryEntry, MemoryLimits, MemoryStore, MemoryStoreError
 from activities.memory.factory import open_memory
+from activities.memory.run_memory import RunMemory
 
-__all__ = ["MemoryEntry", "MemoryLimits", "MemoryStore", "MemoryStoreError", "open_memory"]
+__all__ = ["MemoryEntry", "MemoryLimits", "MemoryStore", "MemoryStoreError", "RunMemory", "open_memory"]

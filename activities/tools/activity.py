@@ -170,7 +170,7 @@ async def _execute_raw(
     spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, workspace: Workspace | None
 ) -> tuple[str, bool]:
     """Run the tool; failures the model can act on become error text, others propagate (retry)."""
-    ctx = ToolContext(invocation=inv, settings=runtime.settings, memory=runtime.memory)
+    ctx = ToolContext(invocation=inv, settings=runtime.settings, memory=runtime.memory_of(inv.tenant, inv.user))
     try:
         args = spec.args_model.model_validate(inv.arguments)
         note = ""

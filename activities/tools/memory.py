@@ -20,9 +20,9 @@ from activities.memory.base import (
     MAX_QUERY_CHARS,
     MAX_TEXT_BYTES,
     MemoryEntry,
-    MemoryStore,
     MemoryStoreError,
 )
+from activities.memory.run_memory import RunMemory
 from activities.memory.terms import query_terms
 from activities.tools.spec import ToolContext, ToolError, tool
 
@@ -57,11 +57,10 @@ class MemoryDeleteArgs(BaseModel):
     key: str = Field(description="The key of the entry to forget.", min_length=1, max_length=MAX_KEY_CHARS)
 
 
-def _memory(ctx: ToolContext) -> MemoryStore:
+def _memory(ctx: ToolContext) -> RunMemory:
     if ctx.memory is None:
         raise RuntimeError(f"tool {ctx.invocation.tool!r} needs the memory store but none is attached")
-    memory: MemoryStore = ctx.memory
-    return memory
+    return ctx.memory
 
 
 @contextmanager
@@ -99,7 +98,7 @@ def render(entries: list[MemoryEntry]) -> str:
 async def memory_save(args: MemorySaveArgs, ctx: ToolContext) -> str:
     inv = ctx.invocation
     with _refusals_to_model():
-        entry = await _memory(ctx).save(inv.tenant, inv.user, args.key, args.text, inv.idempotency_key)
+        entry = await _memory(ctx).save(args.text, idempotency_key=inv.idempotency_key, key=args.key)
     return f"saved memory entry [{entry.key}] ({len(entry.text.encode())} bytes)"
 
 
@@ -112,11 +111,10 @@ async def memory_save(args: MemorySaveArgs, ctx: ToolContext) -> str:
     max_attempts=3,
 )
 async def memory_search(args: MemorySearchArgs, ctx: ToolContext) -> str:
-    inv = ctx.invocation
     if not query_terms(args.query):
         raise ToolError("the query has no words to search for: give some words the entry would contain")
     with _refusals_to_model():
-        found = await _memory(ctx).search(inv.tenant, inv.user, args.query, args.limit)
+        found = await _memory(ctx).search(args.query, args.limit)
     return render(found)
 
 
@@ -130,7 +128,6 @@ async def memory_search(args: MemorySearchArgs, ctx: ToolContext) -> str:
     max_attempts=3,
 )
 async def memory_delete(args: MemoryDeleteArgs, ctx: ToolContext) -> str:
-    inv = ctx.invocation
     with _refusals_to_model():
-        deleted = await _memory(ctx).delete(inv.tenant, inv.user, args.key)
+        deleted = await _memory(ctx).delete(args.key)
     return f"deleted memory entry [{args.key}]" if deleted else f"no memory entry has the key [{args.key}]"

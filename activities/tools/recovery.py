@@ -181,4 +181,4 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
 
 
 def _context(runtime: Runtime, inv: ToolInvocation) -> ToolContext:
-    return ToolContext(invocation=inv, settings=runtime.settings, memory=runtime.memory)
+    return ToolContext(invocation=inv, settings=runtime.settings, memory=runtime.memory_of(inv.tenant, inv.user))

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from activities.memory.base import MemoryStore
+from activities.memory.run_memory import RunMemory
 from activities.settings import Settings
 from activities.tenant_secrets import SecretUnavailable, tenant_secret
 from workflows.types import ToolInvocation
@@ -31,13 +31,14 @@ class ToolError(Exception):
 
 @dataclass
 class ToolContext:
-    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox, and the
-    credentials of the run's tenant (:meth:`secret`)."""
+    """What a running tool may use: its invocation (ids, idempotency key), the settings, its sandbox, the
+    credentials of the run's tenant (:meth:`secret`) and the long-term memory of the run's namespace
+    (``memory``: a :class:`~activities.memory.run_memory.RunMemory`, None where no store is attached)."""
 
     invocation: ToolInvocation
     settings: Settings
     sandbox: Any = None  # activities.sandbox.base.Sandbox when the tool uses_sandbox
-    memory: MemoryStore | None = None
+    memory: RunMemory | None = None
 
     def secret(self, name: str) -> str:
         """The run's tenant's secret ``name`` (``AGENT_TENANT_SECRETS_DIR/<tenant>/<name>``), or the worker's own
