@@ -50,6 +50,7 @@ from activities.crypto.codec import encrypted_converter
 from activities.delegation import DelegationActivities
 from activities.mcp.activity import McpActivities
 from activities.mcp.catalog import SnapshotCache
+from activities.memory.recall import MemoryRecallActivities
 from activities.model_turn import ModelActivities
 from activities.models.registry import ProviderRegistry
 from activities.run_config import RunConfigActivities
@@ -128,6 +129,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         SessionActivities(runtime).session_open,
         DelegationActivities(runtime).tree_run_reserve,
         TenantQuotaActivities(runtime).tenant_run_release,
+        MemoryRecallActivities(runtime).memory_recall,
         *tool_activities(runtime),
     ]
 

@@ -28,9 +28,22 @@ def terms(text: str) -> list[str]:
     return [match[:MAX_TERM_CHARS] for match in _TERM.findall(normal)]
 
 
+# English function words, left out of a query that has other words: a recall's query is a whole task
+# ("what tea does ann drink in the morning?"), and in a small namespace BM25's idf cannot tell "in" or
+# "the" from a word that matters, so a short entry that shares only those would rank first.
+QUERY_STOPWORDS = frozenset(
+    "a about an and are as at be been but by can could did do does for from had has have how i if in into "
+    "is it its me my no not of on or our please should so than that the their them then there these they "
+    "this to us was we were what when where which who whom why will with would you your".split()
+)
+
+
 def query_terms(query: str) -> list[str]:
-    """The distinct terms of a search query, in order, at most ``MAX_QUERY_TERMS``."""
-    return list(dict.fromkeys(terms(query[:MAX_QUERY_CHARS])))[:MAX_QUERY_TERMS]
+    """The distinct terms of a search query, in order, at most ``MAX_QUERY_TERMS``; function words
+    (``QUERY_STOPWORDS``) only when the query has nothing else."""
+    found = list(dict.fromkeys(terms(query[:MAX_QUERY_CHARS])))
+    content = [term for term in found if term not in QUERY_STOPWORDS]
+    return (content or found)[:MAX_QUERY_TERMS]
 
 
 def term_counts(text: str) -> tuple[Counter[str], int]:
