@@ -14,7 +14,8 @@ Used by ``starter.py forget`` (:mod:`durable_agents.cli.forget`). The steps:
    ``<workflow id>/session`` for a session of that tenant and user), their checkpoints and blobs
    (a blob another run still uses stays), and the ledger entries of their workflow ids (unless the
    workflow id also names a run that is not being forgotten): :func:`activities.erasure.erase`. Then
-   each :data:`SCOPE_DELETERS` entry deletes what is kept per tenant and user rather than per run.
+   with ``memory``, the tenant's (or user's) long-term memory entries, which are kept per namespace
+   rather than per run.
 4. **Temporal**: ``DeleteWorkflowExecution`` for every closed run found. The server deletes
    asynchronously: visibility may list a run for a few seconds after.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -39,6 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.checkpoints.gc import workflow_of
 from activities.erasure import erase
+from activities.memory import MemoryStore
 from activities.sessions import TENANT_META, USER_META
 from activities.store.base import RunStore
 from workflows.identity import SESSION_RUN
@@ -49,13 +50,6 @@ log = structlog.get_logger(AUDIT_LOGGER)
 OPEN_WAIT_S = 120.0  # how long --include-open waits for the cancelled runs to close
 _POLL_S = 0.5
 _PAGE = 1000
-
-# What is kept per (tenant, user) rather than per run: kind -> deleter(store, tenant, user or None, dry_run) -> count.
-# Each runs after the runs' data is deleted; its count is printed under its kind.
-ScopeDeleter = Callable[[RunStore, str, str | None, bool], Awaitable[int]]
-SCOPE_DELETERS: dict[str, ScopeDeleter] = {
-    # LEAD: add "memory_entries": the deleter that runs `await memory_store.forget(tenant, user)` (dry run: counts).
-}
 
 
 def query_literal(value: str) -> str:
@@ -221,6 +215,7 @@ async def forget(
     dry_run: bool = False,
     include_open: bool = False,
     open_wait_s: float = OPEN_WAIT_S,
+    memory: MemoryStore | None = None,
 ) -> ForgetReport:
     """Delete everything of ``tenant`` (or of its ``user``); see the module. Writes one audit log line."""
     report = ForgetReport(tenant=tenant, user=user, dry_run=dry_run)
@@ -244,8 +239,10 @@ async def forget(
     report.scrubbed = erased.scrubbed
     report.counts["runs"] = len(closed) if dry_run else 0
     report.counts.update(erased.counts())
-    for kind, deleter in SCOPE_DELETERS.items():
-        report.counts[kind] = await deleter(store, tenant, user, dry_run)
+    if memory is not None:  # kept per (tenant, user), not per run: open runs do not keep it
+        report.counts["memory_entries"] = (
+            await memory.count(tenant, user) if dry_run else await memory.forget(tenant, user)
+        )
     if not dry_run:
         report.counts["runs"] = await delete_executions(client, closed)
     log.info(

@@ -41,7 +41,7 @@ from workflows.types import AgentInput, AgentResult, ApproveSignal, StatusView, 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = "the same bytes in every tenant's workspace"
 HELPER = {"helper": SubagentDef(description="Helps.", system_prompt="You are the helper.")}
-COUNT_KINDS = ("runs", "conversations", "messages", "checkpoints", "blobs", "ledger entries")
+COUNT_KINDS = ("runs", "conversations", "messages", "checkpoints", "blobs", "ledger entries", "memory entries")
 
 
 @pytest.fixture
@@ -190,8 +190,12 @@ async def session(client: Client, tq: str, tenant: str, marker: str, user: str =
     return session_id
 
 
-async def tenant_work(client: Client, tq: str, sink: HttpSink, tenant: str, marker: str, user: str = "") -> set[str]:
-    """A run with a sub-agent that writes files, an approved post and a session; their workflow ids."""
+async def tenant_work(
+    client: Client, runtime: Runtime, tq: str, sink: HttpSink, tenant: str, marker: str, user: str = ""
+) -> set[str]:
+    """A run with a sub-agent that writes files, an approved post, a session and a memory entry; their
+    workflow ids."""
+    await runtime.memory.save(tenant, user, "", f"remember {marker}-memory", f"fg-{uuid.uuid4().hex}")
     run = await start_agent(
         client,
         tq,
@@ -228,8 +232,8 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
     store_url = runtime.settings.store_url
     async with run_worker(client, runtime) as tq:
         cli = Cli(client, tq, store_url)
-        a_ids = await tenant_work(client, tq, sink, tenant_a, marker_a)
-        b_ids = await tenant_work(client, tq, sink, tenant_b, marker_b)
+        a_ids = await tenant_work(client, runtime, tq, sink, tenant_a, marker_a)
+        b_ids = await tenant_work(client, runtime, tq, sink, tenant_b, marker_b)
         assert len(sink.received) == 2 and marker_a.encode() in sink.received[0].body
         still_open = await start_agent(client, tq, id_prefix="fg-open", task=f"post {marker_open}", tenant=tenant_a)
         await eventually(lambda: _pending(still_open), "the open run waits for its approval")
@@ -241,6 +245,7 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         assert any([await runtime.store.ledger(w) for w in a_ids]), "the approved post has its ledger entry"
         # The positive control: the markers are plaintext in the store (short entries and files are not compressed).
         assert in_store_files(store_url, marker_a) and in_store_files(store_url, marker_b)
+        assert in_store_files(store_url, f"{marker_a}-memory")  # the memory entry's text is plaintext too
 
         dry = await cli("forget", "--tenant", tenant_a, "--dry-run")
         planned = counts(dry)
@@ -261,8 +266,12 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         assert record["tenant"] == tenant_a and record["dry_run"] is False and record["blobs"] == deleted["blobs"]
         assert marker_a not in first.stderr
         assert not in_store_files(store_url, marker_a), "A's marker is still in the store's files"
+        assert not in_store_files(store_url, f"{marker_a}-memory")
         left = await conversations_of(runtime, a_ids)
         assert left == [], left
+        assert deleted["memory entries"] == 1 and await runtime.memory.count(tenant_a, None) == 0
+        [b_memory] = await runtime.memory.search(tenant_b, "", "remember", 5)
+        assert b_memory.text == f"remember {marker_b}-memory"
         assert [await runtime.store.ledger(w) for w in sorted(a_ids)] == [[]] * len(a_ids)
 
         async def only_open() -> bool:
@@ -310,8 +319,8 @@ async def test_forget_a_user_deletes_only_that_users_runs(
     llm.default = model(sink)
     async with run_worker(client, runtime) as tq:
         cli = Cli(client, tq, runtime.settings.store_url)
-        ann = await tenant_work(client, tq, sink, tenant, marker_ann, user="ann")
-        bob = await tenant_work(client, tq, sink, tenant, marker_bob, user="bob")
+        ann = await tenant_work(client, runtime, tq, sink, tenant, marker_ann, user="ann")
+        bob = await tenant_work(client, runtime, tq, sink, tenant, marker_bob, user="bob")
         bob_conversations = sorted(await conversations_of(runtime, bob))
         forgot = await cli("forget", "--tenant", tenant, "--user", "ann")
         assert counts(forgot)["runs"] == 4 and f"forgot user 'ann' of tenant '{tenant}'" in forgot.stdout
@@ -320,6 +329,8 @@ async def test_forget_a_user_deletes_only_that_users_runs(
         assert sorted(await conversations_of(runtime, bob)) == bob_conversations
         store_url = runtime.settings.store_url
         assert not in_store_files(store_url, marker_ann) and in_store_files(store_url, marker_bob)
+        assert counts(forgot)["memory entries"] == 1
+        assert await runtime.memory.count(tenant, "ann") == 0 and await runtime.memory.count(tenant, "bob") == 1
 
         async def bob_left() -> bool:
             return await tenant_runs(client, tenant) == sorted(bob)

@@ -31,11 +31,12 @@ def terms(text: str) -> list[str]:
 # English function words, left out of a query that has other words: a recall's query is a whole task
 # ("what tea does ann drink in the morning?"), and in a small namespace BM25's idf cannot tell "in" or
 # "the" from a word that matters, so a short entry that shares only those would rank first.
-QUERY_STOPWORDS = frozenset(
-    "a about an and are as at be been but by can could did do does for from had has have how i if in into "
-    "is it its me my no not of on or our please should so than that the their them then there these they "
-    "this to us was we were what when where which who whom why will with would you your".split()
+_FUNCTION_WORDS = (
+    "a about an and are as at be been but by can could did do does for from had has have how i if in "
+    "into is it its me my no not of on or our please should so than that the their them then there these "
+    "they this to us was we were what when where which who whom why will with would you your"
 )
+QUERY_STOPWORDS = frozenset(_FUNCTION_WORDS.split())
 
 
 def query_terms(query: str) -> list[str]:

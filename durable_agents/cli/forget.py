@@ -15,6 +15,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.memory import open_memory
 from activities.settings import Settings
 from activities.store.factory import open_store
 from durable_agents import forgetting
@@ -27,6 +28,7 @@ _KINDS = (
     ("checkpoints", "checkpoints"),
     ("blobs", "blobs"),
     ("ledger_entries", "ledger entries"),
+    ("memory_entries", "memory entries"),
 )
 
 
@@ -42,7 +44,7 @@ def _name(what: str) -> Any:
 def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     forget = sub.add_parser(
         "forget",
-        help="delete everything of a tenant (or one of its users): runs, transcripts, checkpoints, blobs, ledger",
+        help="delete everything of a tenant (or one of its users): runs, transcripts, checkpoints, ledger, memory",
     )
     forget.add_argument("--tenant", required=True, type=_name("tenant"), help="the tenant to forget")
     forget.add_argument("--user", type=_name("user"), help="only this user of the tenant")
@@ -57,9 +59,16 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
 async def cmd_forget(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger(forgetting.AUDIT_LOGGER).setLevel(logging.INFO)  # the audit line, past the CLI's WARNING
     store = open_store(settings.store_url, settings.encryption.keyring)
+    memory = open_memory(settings)
     try:
         report = await forgetting.forget(
-            client, store, args.tenant, args.user, dry_run=args.dry_run, include_open=args.include_open
+            client,
+            store,
+            args.tenant,
+            args.user,
+            dry_run=args.dry_run,
+            include_open=args.include_open,
+            memory=memory,
         )
     except RPCError as err:
         if err.status == RPCStatusCode.INVALID_ARGUMENT:
@@ -70,6 +79,7 @@ async def cmd_forget(client: Client, args: argparse.Namespace, settings: Setting
             ) from None
         raise
     finally:
+        await memory.close()
         await store.close()
     who = f"user {args.user!r} of tenant {args.tenant!r}" if args.user else f"tenant {args.tenant!r}"
     print(f"would forget {who} (dry run: nothing deleted)" if args.dry_run else f"forgot {who}")
@@ -77,8 +87,6 @@ async def cmd_forget(client: Client, args: argparse.Namespace, settings: Setting
     for key, label in _KINDS:
         print(f"  {label}: {counts.pop(key, 0)}")
     shared = counts.pop("shared_blobs_kept", 0)
-    for key, value in counts.items():  # the per-tenant kinds (forgetting.SCOPE_DELETERS)
-        print(f"  {key.replace('_', ' ')}: {value}")
     if shared:
         print(f"  ({shared} blob(s) kept: other runs still use the same content)")
     if report.kept_ledgers:
