@@ -19,15 +19,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities.checkpoints.fork import checkpoint_at
 from activities.runtime import Runtime
-from activities.store.base import StoredMessage
+from activities.store.base import TENANT_META, USER_META, StoredMessage
 from activities.store_errors import store_guarded
 from workflows.inputs import quote
 from workflows.session_types import LAST_TEXT_MAX, PREVIEW_MAX, SessionOpenRequest, SessionOpenResult
 from workflows.types import Message
 
 MAX_SESSION_ENTRIES = 1_000_000
-TENANT_META = "tenant"
-USER_META = "user"
 log = structlog.get_logger("activities.sessions")
 
 

@@ -40,8 +40,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.checkpoints.gc import workflow_of
 from activities.erasure import erase
 from activities.memory import MemoryStore
-from activities.sessions import TENANT_META, USER_META
-from activities.store.base import RunStore
+from activities.store.base import TENANT_META, USER_META, RunStore
 from workflows.identity import SESSION_RUN
 from workflows.types import AgentInput
 

@@ -32,6 +32,9 @@ from activities.store.checkpoint_usage import CheckpointUsage
 from activities.store.ledger import Claim, ClaimRequest, LedgerEntry, LedgerState
 from workflows.types import Message
 
+# The meta keys of a session conversation's first entry: whose conversation it is (activities.sessions).
+TENANT_META = "tenant"
+USER_META = "user"
 MAX_BLOB_BYTES = 64 * 1024 * 1024
 _BLOB_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SAMPLE_BYTES = 64 * 1024
