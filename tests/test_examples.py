@@ -406,10 +406,15 @@ def test_memory_example_keeps_two_tenants_apart(dev_env: WorkflowEnvironment, tm
         timeout=120,
     )
     assert run.returncode == 0, run.stderr
-    saved_a, saved_b, recalled_a, recalled_b = re.split(r"\n(?=acme: |globex: )", run.stdout.strip())
+    saved_a, saved_b, recalled_a, recalled_b, asked_a, asked_b = re.split(r"\n(?=acme: |globex: )", run.stdout.strip())
     assert saved_a.startswith("acme: completed: saved memory entry"), run.stdout
     assert saved_b.startswith("globex: completed: saved memory entry"), run.stdout
     assert recalled_a.startswith("acme: completed") and "on the roof" in recalled_a, run.stdout
     assert "basement" not in recalled_a, run.stdout
     assert recalled_b.startswith("globex: completed") and "in the basement" in recalled_b, run.stdout
     assert "roof" not in recalled_b, run.stdout
+    # memory.recall: auto put each tenant's own note into its context, and only that.
+    assert asked_a.startswith("acme: completed: from memory:") and "on the roof" in asked_a, run.stdout
+    assert "basement" not in asked_a, run.stdout
+    assert asked_b.startswith("globex: completed: from memory:") and "in the basement" in asked_b, run.stdout
+    assert "roof" not in asked_b, run.stdout

@@ -5,6 +5,8 @@ Load it with ``AGENT_PROVIDER_MODULES=examples.memory.notes_provider`` and selec
 
 - ``remember: TEXT`` calls ``memory_save {"text": TEXT}``;
 - ``recall: WORDS`` calls ``memory_search {"query": WORDS}``;
+- ``ask: QUESTION`` answers from the memories the run recalled into its context (``memory.recall: auto``),
+  without a tool call;
 - once the tool answered, the reply is what it said.
 
 Which tenant's and user's memory the tools use is not the model's to say: it comes from the run.
@@ -37,6 +39,11 @@ class NotesProvider:
             return ProviderReply(text=results[-1], output_tokens=10, finish_reason="stop")
         task = next((m.content for m in messages if m.role == "user"), "")
         verb, _, rest = task.partition(" ")
+        if verb == "ask:":
+            # What ``memory.recall: auto`` put after the task: one entry named "memory", a header line first.
+            recalled = [line for m in messages if m.name == "memory" for line in m.content.splitlines()[1:]]
+            answer = "from memory:\n" + "\n".join(recalled) if recalled else "I remember nothing about that."
+            return ProviderReply(text=answer, output_tokens=10, finish_reason="stop")
         if verb not in _VERBS:
             return ProviderReply(text="Say 'remember: ...' or 'recall: ...'.", finish_reason="stop")
         tool, argument = _VERBS[verb]

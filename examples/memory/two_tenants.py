@@ -3,10 +3,11 @@
     python -m examples.memory.two_tenants
 
 Runs a worker in this process (the ``notes`` example model, ``examples/memory/policy.json`` letting
-``memory_save`` run without an approval) and four runs: tenant ``acme`` and tenant ``globex`` each save
-a note, then each searches for it. Each run's memory is the namespace (tenant, user) of its input; the
-model cannot name another. ``TEMPORAL_ADDRESS``, ``AGENT_TASK_QUEUE``, ``AGENT_STORE_URL`` and the rest
-come from ``Settings`` as usual.
+``memory_save`` run without an approval) and six runs: tenant ``acme`` and tenant ``globex`` each save
+a note, then each searches for it; then each asks a question with ``memory: {"recall": "auto"}``, so
+its best memories are put into the model's context before its first turn. Each run's memory is the
+namespace (tenant, user) of its input; the model cannot name another. ``TEMPORAL_ADDRESS``,
+``AGENT_TASK_QUEUE``, ``AGENT_STORE_URL`` and the rest come from ``Settings`` as usual.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from durable_agents import AgentInput, AgentResult, ConfigurationError, DurableAgentsPlugin, Settings, exit_process
+from durable_agents import (
+    AgentInput,
+    AgentResult,
+    ConfigurationError,
+    DurableAgentsPlugin,
+    MemorySpec,
+    Settings,
+    exit_process,
+)
 
 HERE = Path(__file__).resolve().parent
 PROVIDER = "examples.memory.notes_provider"
@@ -46,10 +55,10 @@ async def main() -> list[str]:
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace, plugins=[plugin])
     queue = settings.task_queue
 
-    async def run(tenant: str, task: str) -> str:
+    async def run(tenant: str, task: str, memory: MemorySpec | None = None) -> str:
         result: AgentResult = await client.execute_workflow(
             "AgentWorkflow",
-            AgentInput(task=task, tenant=tenant, user="ann", tools=["memory_save", "memory_search"]),
+            AgentInput(task=task, tenant=tenant, user="ann", tools=["memory_save", "memory_search"], memory=memory),
             id=f"memory-{tenant}-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
             result_type=AgentResult,
@@ -62,6 +71,8 @@ async def main() -> list[str]:
             await run("globex", "remember: globex's launch party is in the basement"),
             await run("acme", "recall: launch party"),
             await run("globex", "recall: launch party"),
+            await run("acme", "ask: where is the launch party?", MemorySpec(recall="auto", k=3)),
+            await run("globex", "ask: where is the launch party?", MemorySpec(recall="auto", k=3)),
         ]
 
 
