@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from activities.settings import ConfigurationError, Settings
     from activities.tools import Recovery, ToolContext, ToolError, ToolRegistry, ToolSpec, tool
     from durable_agents.client import connect, exit_process
+    from durable_agents.forgetting import ForgetReport, forget_tenant
     from durable_agents.plugin import DurableAgentsPlugin
     from workflows.run_failure import result_of_failure
     from workflows.session_types import SendResult, SessionMessage, SessionSpec
@@ -70,6 +71,9 @@ _HOMES: dict[str, str] = {
     "RememberedApproval": "workflows.types",
     "Limits": "workflows.types",
     "MemorySpec": "workflows.types",
+    # deleting a tenant's data (what ``durable-agents forget`` runs)
+    "forget_tenant": "durable_agents.forgetting",
+    "ForgetReport": "durable_agents.forgetting",
     "Message": "workflows.types",
     "RecordedToolCall": "workflows.types",
     "StatusView": "workflows.types",
@@ -111,6 +115,7 @@ __all__ = [
     "DecisionRecord",
     "DurableAgentsPlugin",
     "FatalProviderError",
+    "ForgetReport",
     "Limits",
     "MemoryEntry",
     "MemorySpec",
@@ -141,6 +146,7 @@ __all__ = [
     "__version__",
     "connect",
     "exit_process",
+    "forget_tenant",
     "provider",
     "result_of_failure",
     "tool",

@@ -39,8 +39,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.checkpoints.gc import workflow_of
 from activities.erasure import erase
-from activities.memory import MemoryStore
+from activities.memory import MemoryStore, open_memory
+from activities.settings import Settings
 from activities.store.base import TENANT_META, USER_META, RunStore
+from activities.store.factory import open_store
 from workflows.identity import SESSION_RUN
 from workflows.types import AgentInput
 
@@ -254,3 +256,29 @@ async def forget(
         **report.counts,
     )
     return report
+
+
+async def forget_tenant(
+    client: Client,
+    settings: Settings,
+    tenant: str,
+    user: str | None = None,
+    *,
+    dry_run: bool = False,
+    include_open: bool = False,
+) -> ForgetReport:
+    """:func:`forget` with the run store and long-term memory of ``settings`` (what ``durable-agents forget`` runs).
+
+    ``client`` must reach the namespace of the tenant's runs, with the ``Agent*`` search attributes
+    registered (an ``RPCError`` with ``INVALID_ARGUMENT`` otherwise). Example::
+
+        report = await forget_tenant(client, Settings.from_env(), "acme", dry_run=True)
+        print(report.counts)  # {"runs": 4, "conversations": 4, ..., "memory_entries": 2}
+    """
+    store = open_store(settings.store_url, settings.encryption.keyring)
+    memory = open_memory(settings)
+    try:
+        return await forget(client, store, tenant, user, dry_run=dry_run, include_open=include_open, memory=memory)
+    finally:
+        await memory.close()
+        await store.close()

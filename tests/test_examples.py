@@ -418,3 +418,29 @@ def test_memory_example_keeps_two_tenants_apart(dev_env: WorkflowEnvironment, tm
     assert "basement" not in asked_a, run.stdout
     assert asked_b.startswith("globex: completed: from memory:") and "in the basement" in asked_b, run.stdout
     assert "roof" not in asked_b, run.stdout
+
+
+def test_offboarding_example_caps_a_tenant_then_forgets_it_and_keeps_the_other(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    env = example_env(tmp_path, TEMPORAL_ADDRESS=address, AGENT_TASK_QUEUE=f"offboarding-{uuid.uuid4().hex[:8]}")
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.tenants.offboarding"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(": ", 1) for line in re.split(r"\n(?=[a-z ]+: )", run.stdout.strip()))
+    assert lines["acme saves"].startswith("completed: saved memory entry"), run.stdout
+    assert lines["acme while its session is open"].startswith("refused: tenant 'acme-"), run.stdout
+    assert "has 1 open run, the most AGENT_TENANT_MAX_OPEN_RUNS=1 allows" in lines["acme while its session is open"]
+    assert "channel 6" in lines["globex meanwhile"] and "channel 11" not in lines["globex meanwhile"], run.stdout
+    assert lines["dry run"] == lines["forget"], run.stdout
+    assert "memory_entries 1" in lines["forget"] and "runs 2" in lines["forget"], run.stdout
+    assert all(count.endswith(" 0") for count in lines["again"].split(", ")), run.stdout
+    assert lines["acme afterwards"] == "completed: No memory entries matched.", run.stdout
+    assert "channel 6" in lines["globex afterwards"], run.stdout

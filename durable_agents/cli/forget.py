@@ -15,9 +15,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.memory import open_memory
 from activities.settings import Settings
-from activities.store.factory import open_store
 from durable_agents import forgetting
 from durable_agents.cli.common import EXIT_OK, EXIT_RUN, EXIT_USAGE, CliError
 
@@ -58,17 +56,9 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
 
 async def cmd_forget(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger(forgetting.AUDIT_LOGGER).setLevel(logging.INFO)  # the audit line, past the CLI's WARNING
-    store = open_store(settings.store_url, settings.encryption.keyring)
-    memory = open_memory(settings)
     try:
-        report = await forgetting.forget(
-            client,
-            store,
-            args.tenant,
-            args.user,
-            dry_run=args.dry_run,
-            include_open=args.include_open,
-            memory=memory,
+        report = await forgetting.forget_tenant(
+            client, settings, args.tenant, args.user, dry_run=args.dry_run, include_open=args.include_open
         )
     except RPCError as err:
         if err.status == RPCStatusCode.INVALID_ARGUMENT:
@@ -78,9 +68,6 @@ async def cmd_forget(client: Client, args: argparse.Namespace, settings: Setting
                 code=EXIT_USAGE,
             ) from None
         raise
-    finally:
-        await memory.close()
-        await store.close()
     who = f"user {args.user!r} of tenant {args.tenant!r}" if args.user else f"tenant {args.tenant!r}"
     print(f"would forget {who} (dry run: nothing deleted)" if args.dry_run else f"forgot {who}")
     counts = dict(report.counts)
