@@ -69,6 +69,14 @@ class Run:
 
 @dataclass
 class ForgetReport:
+    """What a forget deleted (or, for a dry run, would delete).
+
+    ``counts`` per kind: ``runs`` (Temporal executions), ``conversations``, ``messages``, ``checkpoints``,
+    ``blobs``, ``ledger_entries``, ``memory_entries``, and ``shared_blobs_kept`` (blobs other runs still use).
+    ``open_runs`` are the workflow ids left alone; ``kept_ledgers`` the workflow ids whose ledger entries
+    stay because other runs share them; ``scrubbed`` is False when SQLite's WAL could not be truncated.
+    """
+
     tenant: str
     user: str | None
     dry_run: bool
