@@ -229,7 +229,8 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             notes = "".join(f"\n{note}" for note in self._start_notes)
             if carry.fork_of:
                 notes += f"\nforked from {carry.fork_of}"
-            self._emit("started", f"started with {carry.model}; tools: {', '.join(carry.tools)}{notes}")
+            # The notes first: the event's text is cut at EVENT_TEXT_MAX, and a long tool list must not hide them.
+            self._emit("started", f"started with {carry.model}{notes}\ntools: {', '.join(carry.tools)}")
         self._book.signing_required = carry.signing_required
         self._operator_policy = _checked_policy(carry.policy, "carry.policy") or Policy()
         self._tools = ToolCallRunner(
