@@ -251,6 +251,7 @@ def with_settings(runtime: Runtime, **changes: Any) -> Runtime:
 # that none of them is what the other xdist workers wait for at the end of the run.
 LONGEST_FIRST = (
     "tests/test_session_history.py",
+    "tests/test_forget.py",
     "tests/test_crash_recovery.py",
     "tests/test_cluster.py",
     "tests/test_subagents.py",
