@@ -25,6 +25,7 @@ from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSan
 from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, LocalSandboxSettings, SandboxSettings, Settings
 from tests.conftest import remove_all
+from tests.waiting import eventually
 
 PROJECT = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
@@ -173,7 +174,7 @@ async def test_kill_removes_workspace_and_running_commands(backend: LocalSandbox
     box = await backend.create("doomed", metadata={})
     await box.write_file("f.txt", b"x")
     running = asyncio.create_task(box.run(["/bin/sleep", "1000"], timeout_s=15))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: backend.running.get("doomed"), "the command to start")
     await box.kill()
     result = await asyncio.wait_for(running, 30)  # ends with the kill, long before its own 15 s limit matters
     assert result.exit_code != 0 and not result.timed_out
@@ -183,6 +184,19 @@ async def test_kill_removes_workspace_and_running_commands(backend: LocalSandbox
         await backend.connect("doomed")
     with pytest.raises(SandboxError):
         await box.run(["/bin/true"])
+
+
+@pytest.mark.asyncio
+async def test_a_kill_while_a_command_starts_ends_that_command_too(backend: LocalSandboxBackend) -> None:
+    box = await backend.create("racy", metadata={})
+    running = asyncio.create_task(box.run(["/bin/sleep", "1000"], timeout_s=15))
+    while "racy" not in backend.running:  # the command registers before its process is spawned
+        await asyncio.sleep(0)
+    assert not backend.running["racy"], "the kill is meant to land while the process starts"
+    await box.kill()
+    result = await asyncio.wait_for(running, 30)
+    assert result.exit_code != 0 and not result.timed_out, result
+    assert "racy" not in backend.running
 
 
 @pytest.mark.asyncio

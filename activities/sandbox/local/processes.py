@@ -49,6 +49,8 @@ async def execute(
     when it returns a reason, the command is killed and the reason is noted.
     """
     started = time.monotonic()
+    # Registered before the spawn: a kill while the process starts pops this set, which the start then sees.
+    procs = running.setdefault(sandbox_id, set())
     try:
         proc = await asyncio.create_subprocess_exec(
             *spawn.argv,
@@ -63,11 +65,15 @@ async def execute(
         )
     except (OSError, subprocess.SubprocessError) as exc:
         spawn.close_all()
+        if not procs and running.get(sandbox_id) is procs:
+            del running[sandbox_id]
         raise SandboxUnavailable(f"could not start the sandbox: {exc}") from None
     spawn.close()
     init = _Init(spawn.info_fd)
-    procs = running.setdefault(sandbox_id, set())
     procs.add(proc)
+    if running.get(sandbox_id) is not procs:  # the sandbox was killed while this command started
+        init.kill()
+        killpg(proc)
     flooded = asyncio.Event()
     out = _Capture(limits.output_bytes, limits.drain_bytes, flooded)
     err = _Capture(limits.output_bytes, limits.drain_bytes, flooded)
