@@ -190,7 +190,9 @@ async def test_kill_removes_workspace_and_running_commands(backend: LocalSandbox
 async def test_a_kill_while_a_command_starts_ends_that_command_too(backend: LocalSandboxBackend) -> None:
     box = await backend.create("racy", metadata={})
     running = asyncio.create_task(box.run(["/bin/sleep", "1000"], timeout_s=15))
-    while "racy" not in backend.running:  # the command registers before its process is spawned
+    for _ in range(1_000_000):  # the command registers before its process is spawned: catch that moment
+        if "racy" in backend.running:
+            break
         await asyncio.sleep(0)
     assert not backend.running["racy"], "the kill is meant to land while the process starts"
     await box.kill()
