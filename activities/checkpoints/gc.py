@@ -108,16 +108,7 @@ async def collect(
         if not await keep_conversation(conversation_id, last_write):
             continue
         kept += 1
-        after = -1
-        while page := await store.entries_after(conversation_id, after, PAGE):
-            for entry in page:
-                checkpoint = _mark_entry(entry, marked)
-                if checkpoint and checkpoint not in manifests:
-                    manifests.add(checkpoint)
-                    problem = await _mark_manifest(store, checkpoint, marked)
-                    if problem:
-                        problems.append(f"{problem} (named by {conversation_id} entry {entry.seq})")
-            after = page[-1].seq
+        await _mark_conversation(store, conversation_id, marked, manifests, problems)
     # A checkpoint taken within the grace period may not be named by any entry yet, and it may name
     # files first stored long ago (unchanged since an earlier checkpoint): keep those through it.
     old_enough = await store.blob_digests(cutoff)
@@ -192,6 +183,22 @@ async def _mark_young_manifest(store: RunStore, digest: str, marked: set[str]) -
         return
 
 
+async def _mark_conversation(
+    store: RunStore, conversation_id: str, marked: set[str], manifests: set[str], problems: list[str]
+) -> None:
+    """Mark what every entry of ``conversation_id`` references (a checkpoint's files too, each manifest once)."""
+    after = -1
+    while page := await store.entries_after(conversation_id, after, PAGE):
+        for entry in page:
+            checkpoint = _mark_entry(entry, marked)
+            if checkpoint and checkpoint not in manifests:
+                manifests.add(checkpoint)
+                problem = await _mark_manifest(store, checkpoint, marked)
+                if problem:
+                    problems.append(f"{problem} (named by {conversation_id} entry {entry.seq})")
+        after = page[-1].seq
+
+
 async def referenced_by(store: RunStore, conversation_ids: list[str]) -> tuple[set[str], list[str]]:
     """Every digest the entries of ``conversation_ids`` reference, as collection marks them (the files of the
     checkpoints they name included), and the problems of unusable manifests (see the module)."""
@@ -199,16 +206,7 @@ async def referenced_by(store: RunStore, conversation_ids: list[str]) -> tuple[s
     manifests: set[str] = set()
     problems: list[str] = []
     for conversation_id in conversation_ids:
-        after = -1
-        while page := await store.entries_after(conversation_id, after, PAGE):
-            for entry in page:
-                checkpoint = _mark_entry(entry, marked)
-                if checkpoint and checkpoint not in manifests:
-                    manifests.add(checkpoint)
-                    problem = await _mark_manifest(store, checkpoint, marked)
-                    if problem:
-                        problems.append(f"{problem} (named by {conversation_id} entry {entry.seq})")
-            after = page[-1].seq
+        await _mark_conversation(store, conversation_id, marked, manifests, problems)
     return marked, problems
 
 
