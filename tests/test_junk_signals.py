@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 from temporalio.api.common.v1 import Payload
-from temporalio.api.enums.v1 import WorkflowTaskFailedCause
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import RawValue
@@ -138,6 +138,21 @@ def worker_task_failures(events: Sequence[HistoryEvent]) -> list[HistoryEvent]:
     ]
 
 
+async def history_digest(handle: WorkflowHandle[AgentWorkflow, Any]) -> str:
+    """What a run that did not finish was doing: its last events and every workflow task that failed or
+    timed out, so that a hang says where it is."""
+    history = await handle.fetch_history()
+    names = [EventType.Name(e.event_type) for e in history.events]
+    trouble = [
+        f"{e.event_id}: {names[i]} {e.workflow_task_failed_event_attributes.cause}"
+        f" {e.workflow_task_failed_event_attributes.failure.message[:300]}"
+        for i, e in enumerate(history.events)
+        if "TASK_FAILED" in names[i] or "TIMED_OUT" in names[i]
+    ]
+    tail = [n.removeprefix("EVENT_TYPE_") for n in names[-25:]]
+    return f"the run did not finish: {len(names)} events; last: {tail}; failed or timed-out tasks: {trouble[-10:]}"
+
+
 async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_approval(
     can_env: WorkflowEnvironment,
     runtime: Runtime,
@@ -202,7 +217,10 @@ async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_appr
         signature = decision_signature(KEY.encode(), approval.approval_id, "approve", "alice", approval.expires_at)
         valid = ApproveSignal(approval_id=approval.approval_id, reviewer="alice", signature=signature)
         await handle.signal(AgentWorkflow.approve, valid)
-        result = await asyncio.wait_for(handle.result(), timeout=DEADLINE_S)
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=DEADLINE_S)
+        except TimeoutError:
+            raise AssertionError(await history_digest(handle)) from None
         first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
         history = await first_run.fetch_history()
         final = await handle.query(AgentWorkflow.status)
