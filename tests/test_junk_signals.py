@@ -149,8 +149,32 @@ async def history_digest(handle: WorkflowHandle[AgentWorkflow, Any]) -> str:
         for i, e in enumerate(history.events)
         if "TASK_FAILED" in names[i] or "TIMED_OUT" in names[i]
     ]
-    tail = [n.removeprefix("EVENT_TYPE_") for n in names[-25:]]
-    return f"the run did not finish: {len(names)} events; last: {tail}; failed or timed-out tasks: {trouble[-10:]}"
+    tail = [
+        n.removeprefix("EVENT_TYPE_")
+        + (
+            f"({e.marker_recorded_event_attributes.marker_name}:{list(e.marker_recorded_event_attributes.details)})"
+            if e.HasField("marker_recorded_event_attributes")
+            else ""
+        )
+        + (
+            f"({e.workflow_execution_signaled_event_attributes.signal_name})"
+            if e.HasField("workflow_execution_signaled_event_attributes")
+            else ""
+        )
+        for n, e in zip(names[-40:], history.events[-40:], strict=True)
+    ]
+    seen = await status_unless_not_ready(handle)
+    view = (
+        ""
+        if seen is None
+        else (
+            f"; status {seen.state}, refused {seen.refused_counts}, latest {seen.refused[-3:]}, "
+            f"pending {[(p.approval_id, p.expires_at) for p in seen.pending_approvals]}"
+        )
+    )
+    return (
+        f"the run did not finish: {len(names)} events; last: {tail}; failed or timed-out tasks: {trouble[-10:]}{view}"
+    )
 
 
 async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_approval(
@@ -215,12 +239,21 @@ async def test_a_run_survives_1000_junk_signals_and_completes_after_a_valid_appr
 
         # One valid (signed) approval still completes the run.
         signature = decision_signature(KEY.encode(), approval.approval_id, "approve", "alice", approval.expires_at)
-        valid = ApproveSignal(approval_id=approval.approval_id, reviewer="alice", signature=signature)
+        # The signal names the expires_at it signed: the pending entry was read by a query that may have been
+        # answered ahead of the workflow task that opened it (see ``workflows.types.SignedExpiry``).
+        valid = ApproveSignal(
+            approval_id=approval.approval_id,
+            reviewer="alice",
+            signature=signature,
+            signed_expires_at=approval.expires_at,
+        )
         await handle.signal(AgentWorkflow.approve, valid)
         try:
             result = await asyncio.wait_for(handle.result(), timeout=DEADLINE_S)
         except TimeoutError:
-            raise AssertionError(await history_digest(handle)) from None
+            raise AssertionError(
+                f"{await history_digest(handle)}; signed for {(approval.approval_id, approval.expires_at)}"
+            ) from None
         first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
         history = await first_run.fetch_history()
         final = await handle.query(AgentWorkflow.status)

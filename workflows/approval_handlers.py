@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
@@ -450,7 +450,7 @@ class ApprovalHandlers:
             approval_id=request.approval_id,
             decision=request.decision,
             reviewer=request.reviewer,
-            expires_at=approval.expires_at,
+            expires_at=signed_expiry(request.signed_expires_at, approval.expires_at),
             signature=request.signature,
             # An edit is signed as the reviewer sent it; the tool's validation may only normalise it.
             covers=signed_extras(
@@ -465,6 +465,25 @@ class ApprovalHandlers:
             retry_policy=HOUSEKEEPING_RETRY,
         )
         return None if valid else Problem("bad_signature", "the decision's signature does not verify")
+
+
+SIGNED_EXPIRY_SLACK = timedelta(minutes=10)
+
+
+def signed_expiry(signed: str, kept: str) -> str:
+    """The expires_at to check a signature over: the one the signer says it signed when that is within
+    ``SIGNED_EXPIRY_SLACK`` of the run's own (see ``workflows.types.SignedExpiry``), else the run's.
+
+    The slack gives a signature no more reach than the approval's own id does: the id is a hash of the
+    exact call, so a second ask of the same id within the slack asks for the same call again.
+    """
+    if not signed or signed == kept:
+        return kept
+    try:
+        apart = abs(datetime.fromisoformat(signed) - datetime.fromisoformat(kept))
+    except (ValueError, TypeError):  # unparsable, or one of them without a timezone
+        return kept
+    return signed if apart <= SIGNED_EXPIRY_SLACK else kept
 
 
 REPORTED_ARGS_CHARS = 4000  # of one approval's arguments in a report to the parent (signals are size-limited)

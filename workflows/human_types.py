@@ -48,6 +48,7 @@ class AnswerSignal(BaseModel):
     reviewer: Annotated[str, Field(max_length=200)]  # who answers (must be in the run's approvers when it has any)
     text: str = Field(max_length=MAX_ANSWER_CHARS)  # the answer, handed to the model verbatim
     signature: str = Field(default="", max_length=256)  # HMAC, required with AGENT_APPROVAL_KEY
+    signed_expires_at: str = Field(default="", max_length=40)  # the expires_at the signature was made over
 
 
 class ForgetApprovalsSignal(BaseModel):

@@ -405,6 +405,13 @@ class ChildApprovalsSignal(BaseModel):
     approvals: list[PendingApproval] = Field(default_factory=list, max_length=MAX_CHILD_APPROVALS)
 
 
+# The expires_at a signer read (``pending``) and signed over. A status query answered while the
+# workflow task that opens an approval is still to start computes the entry ahead of that task, with
+# the previous task's time; the entry the run keeps then expires a little later. A signature over
+# what the signer saw is accepted when it is within SIGNED_EXPIRY_SLACK of the run's own value.
+SignedExpiry = Annotated[str, Field(max_length=40)]
+
+
 class ApproveSignal(BaseModel):
     """Payload of the ``approve`` signal (public contract)."""
 
@@ -412,6 +419,7 @@ class ApproveSignal(BaseModel):
     reviewer: Name  # who decides (must be in the run's approvers when it has any)
     comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    signed_expires_at: SignedExpiry = ""  # the approval's expires_at the signature was made over
     # The call as the reviewer changed it (validated against the tool's arguments, policy checked again).
     arguments: dict[str, Any] | None = None
     remember: Remember = ""  # approve identical calls (``call``) or every call of the tool (``tool``) from now on
@@ -426,6 +434,7 @@ class RejectSignal(BaseModel):
     reviewer: Name  # who decides (must be in the run's approvers when it has any)
     reason: str = Field(default="", max_length=MAX_NOTE_CHARS)  # told to the model
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    signed_expires_at: SignedExpiry = ""  # the approval's expires_at the signature was made over
 
 
 DecisionKind = Literal["approve", "reject", "retry", "mark_done", "fail", "answer"]
@@ -439,6 +448,7 @@ class ResolveSignal(BaseModel):
     resolution: Literal["retry", "mark_done", "fail"]  # run the call again, record it done, or fail it
     comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    signed_expires_at: SignedExpiry = ""  # the approval's expires_at the signature was made over
 
 
 class DecideRequest(BaseModel):
@@ -454,6 +464,7 @@ class DecideRequest(BaseModel):
     reviewer: Name  # who decides (must be in the run's approvers when it has any)
     comment: str = Field(default="", max_length=MAX_NOTE_CHARS)  # kept with the decision
     signature: str = Field(default="", max_length=MAX_SIGNATURE_CHARS)  # HMAC, required with AGENT_APPROVAL_KEY
+    signed_expires_at: SignedExpiry = ""  # the approval's expires_at the signature was made over
     text: str = Field(default="", max_length=MAX_NOTE_CHARS)  # the answer (decision ``answer``)
     arguments: dict[str, Any] | None = None  # approve the call with these arguments instead (an edit)
     remember: Remember = ""  # with ``approve``: remember it for identical calls or for the tool

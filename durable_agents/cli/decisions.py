@@ -111,6 +111,7 @@ def decide_request(
     text: str = "",
     arguments: dict[str, Any] | None = None,
     remember: str = "",
+    signed_expires_at: str = "",
 ) -> DecideRequest:
     """The ``decide`` update's payload; a value the run would refuse (too long, ...) is a one-line usage error."""
     try:
@@ -124,6 +125,7 @@ def decide_request(
                 "text": text,
                 "arguments": arguments,
                 "remember": remember,
+                "signed_expires_at": signed_expires_at if signature else "",
             }
         )
     except ValidationError as exc:
@@ -164,6 +166,7 @@ async def send_decision(
         text=extras.text,
         arguments=arguments,
         remember=extras.remember,
+        signed_expires_at=expires_at,
     )
     handle = client.get_workflow_handle(workflow_id)
     before = interrupt_state()  # run --follow's reattach note, restored once the decision is answered
