@@ -67,7 +67,7 @@ class ScheduledMessageActivities:
                 raise refuse(f"run {session} is not a session")
             if found.tenant != req.tenant:
                 raise refuse(f"session {session} belongs to another tenant than the schedule's")
-        start = (req.start or AgentInput()).model_copy(update={"tenant": req.tenant})
+        start = (req.start or AgentInput(session=SessionSpec())).model_copy(update={"tenant": req.tenant})
         if start.session is None:
             start.session = SessionSpec()
         operation: WithStartWorkflowOperation[Any, AgentResult] = WithStartWorkflowOperation(

@@ -341,20 +341,20 @@ class ScheduleMethods:
         model: str | None,
         inp: AgentInput | None,
     ) -> tuple[ScheduleKind, ScheduleActionStartWorkflow, dict[str, str]]:
-        base = inp if inp is not None else AgentInput()
-        if base.fork is not None or base.carry is not None or base.depth:
+        if inp is not None and (inp.fork is not None or inp.carry is not None or inp.depth):
             raise InvalidSchedule("a scheduled run's input cannot fork, carry or be a sub-agent's")
+        given = inp.model_dump(exclude_unset=True) if inp is not None else {}
         changes: dict[str, Any] = {"tenant": tenant}
         if model is not None:
             changes["model"] = model
         if session is None and message is None:
             if task is not None:
                 changes["task"] = task
-            run = _validated({**base.model_dump(exclude_unset=True), **changes})
-            if run.session is not None or not run.task.strip():
+            if given.get("session") is not None or not str(changes.get("task", given.get("task", ""))).strip():
                 raise InvalidSchedule(
                     "a schedule needs a task (--task) or a session and a message (--session, --message)"
                 )
+            run = _validated({**given, **changes})
             action = ScheduleActionStartWorkflow(AgentWorkflow.run, run, id=sid, task_queue=self.task_queue)
             return "task", action, {"model": run.model}
         if task is not None or session is None or message is None:
@@ -363,9 +363,7 @@ class ScheduleMethods:
             raise InvalidSchedule(f"the message must be 1 to {MAX_MESSAGE_CHARS:,} characters, not blank")
         if not session.strip() or len(session) > 1000 or session != session.strip():
             raise InvalidSchedule("the session id must be 1 to 1000 characters, without surrounding spaces")
-        start = _validated({**base.model_dump(exclude_unset=True), **changes})
-        if start.session is None:
-            start.session = SessionSpec()
+        start = _validated({"session": SessionSpec().model_dump(), **given, **changes})
         sent = ScheduledMessage(
             schedule=name, session_id=session, text=message, tenant=tenant, task_queue=self.task_queue, start=start
         )
