@@ -8,7 +8,9 @@ thread: the worker answers on this test's event loop). The schedules use a yearl
 from __future__ import annotations
 
 import json
+import shlex
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from durable_agents.agent_client._schedules import ScheduleInfo, Schedules
+from durable_agents.cli.common import parse
+from durable_agents.cli.main import build_parser
 from tests.conftest import WorkerFactory
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_cli_sessions import Cli, one_line
@@ -146,3 +150,14 @@ async def test_bad_usage_is_one_line_and_exit_2_before_any_call_to_temporal(dev_
         shown = await cli("schedule", *args)
         assert shown.returncode == 2, (args, shown.stdout, shown.stderr)
         assert why in one_line(shown), (args, shown.stderr)
+
+
+def test_every_schedule_command_the_docs_show_parses() -> None:
+    """The ``## Schedules`` section of docs/front-ends.md shows command lines the CLI's own parser takes."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "front-ends.md").read_text(encoding="utf-8")
+    section = page.split("## Schedules", 1)[1].split("\n## ", 1)[0]
+    lines = [line.split("  #")[0] for line in section.splitlines() if line.startswith("durable-agents schedule ")]
+    assert len(lines) >= 7, lines
+    for line in lines:
+        args = parse(build_parser("durable-agents"), shlex.split(line)[1:])
+        assert args.command == "schedule", line

@@ -51,10 +51,10 @@ from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
+import durable_agents.cli.schedule as schedule
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs
-from durable_agents.cli import schedule
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
 from durable_agents.cli.chat import add_command as add_chat_command
