@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from typing import Any
 
 import pytest
@@ -67,7 +68,7 @@ async def fired(schedules: Schedules, name: str, count: int) -> ScheduleInfo:
     """The schedule once ``count`` runs have been started and none of them is open."""
 
     async def check() -> ScheduleInfo | None:
-        [info] = [i for i in await schedules.schedule_list() if i.name == name] or [None]
+        info = await _named(schedules, name)
         assert info is not None, f"{name} not listed yet"
         return info if info.actions >= count and not info.running else None
 
@@ -245,7 +246,7 @@ async def test_a_session_schedule_sends_its_message_each_time_and_never_to_anoth
         try:
             for count in (1, 2):
                 await acme.schedule_trigger(name)
-                info = await eventually(lambda c=count: _ended_runs(acme, name, c), f"scheduled send {count} ended")
+                info = await eventually(partial(_ended_runs, acme, name, count), f"scheduled send {count} ended")
                 run = info.recent_runs[-1]
                 sent = await dev_env.client.get_workflow_handle(run.workflow_id, result_type=SendResult).result()
                 assert sent.accepted and sent.seq == count and not sent.duplicate, sent
