@@ -27,11 +27,12 @@ from durable_agents.agent_client._schedules import (
     Schedules,
     check_cron,
 )
-from tests.conftest import WorkerFactory
+from tests.conftest import WorkerFactory, replay_task_queue
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
-from workflows.schedule_types import SCHEDULED_SEND_REFUSED
+from workflows.schedule_types import SCHEDULED_SEND_REFUSED, ScheduledMessage
+from workflows.scheduled_message import ScheduledMessageWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
 from workflows.types import AgentInput, AgentResult, StatusView
 
@@ -292,3 +293,31 @@ async def test_a_session_schedule_sends_its_message_each_time_and_never_to_anoth
         assert beta_view.messages == 1, beta_view
         for sid in (session_id, theirs):
             await dev_env.client.get_workflow_handle(sid).signal("close")
+
+
+async def test_a_scheduled_message_workflow_started_with_junk_fails_at_once_and_its_histories_replay(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    llm.default = model
+    async with run_worker(dev_env.client, runtime) as tq:
+        for junk in ({"session_id": 5, "text": ""}, "not an object", {"session_id": "s", "text": "x" * 200_001}):
+            handle = await dev_env.client.start_workflow(
+                "ScheduledMessageWorkflow", junk, id=f"junk-{uuid.uuid4().hex[:10]}", task_queue=tq
+            )
+            with pytest.raises(WorkflowFailureError) as failed:
+                await handle.result()
+            cause = failed.value.cause
+            assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput", cause
+            assert cause.message.startswith("invalid scheduled message: ") and len(cause.message) < 2500
+        # A good one, delivered; then every ScheduledMessageWorkflow history of this queue replays.
+        session_id = f"ss-{uuid.uuid4().hex[:10]}"
+        good = await dev_env.client.start_workflow(
+            ScheduledMessageWorkflow.run,
+            ScheduledMessage(schedule="manual", session_id=session_id, text="hello", task_queue=tq),
+            id=f"manual-{uuid.uuid4().hex[:10]}",
+            task_queue=tq,
+        )
+        assert (await good.result()).seq == 1
+        await dev_env.client.get_workflow_handle(session_id).signal("close")
+    replayed = await replay_task_queue(dev_env.client, tq, workflows=(AgentWorkflow, ScheduledMessageWorkflow))
+    assert replayed >= 5, replayed

@@ -12,11 +12,14 @@ delivering; messages that arrive while the session works queue in the session as
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.inputs import NO_PAYLOAD, decode, one_payload
     from workflows.schedule_types import (
         SCHEDULED_MESSAGE_WORKFLOW,
         SCHEDULED_SEND_ACTIVITY,
@@ -25,6 +28,11 @@ with workflow.unsafe.imports_passed_through():
         ScheduledSend,
     )
     from workflows.session_types import SendResult
+
+if TYPE_CHECKING:
+    ScheduledInput = ScheduledMessage | RawValue
+else:
+    ScheduledInput = RawValue
 
 SEND_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -37,7 +45,13 @@ SEND_RETRY = RetryPolicy(
 @workflow.defn(name=SCHEDULED_MESSAGE_WORKFLOW)
 class ScheduledMessageWorkflow:
     @workflow.run
-    async def run(self, req: ScheduledMessage) -> SendResult:
+    @one_payload
+    async def run(self, raw: ScheduledInput = NO_PAYLOAD, *extra: Any) -> SendResult:
+        """Deliver the message once; an input that is not a ``ScheduledMessage`` (anyone may start this
+        workflow) fails the run on its first task with ``InvalidInput``, never a task retried forever."""
+        req = decode(raw, ScheduledMessage, extra)
+        if isinstance(req, str):
+            raise ApplicationError(f"invalid scheduled message: {req}", type="InvalidInput", non_retryable=True)
         info = workflow.info()
         send = ScheduledSend(
             **dict(req),
