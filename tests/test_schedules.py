@@ -224,6 +224,9 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
         await acme.schedule_delete(name)
         with pytest.raises(ScheduleNotFound):
             await admin.schedule_describe(name)
+        born_paused = await acme.schedule_create(f"{name}-p", cron="@every 1s", task="hello", paused=True, note="later")
+        assert born_paused.paused and born_paused.note == "later" and born_paused.actions == 0, born_paused
+        await acme.schedule_delete(born_paused.name)
 
 
 async def _named(schedules: Schedules, name: str) -> ScheduleInfo | None:
