@@ -3,8 +3,9 @@
 On a client it sets the pydantic data converter (with ``AGENT_PAYLOAD_KEYS``, also the
 AES-256-GCM payload codec, ``activities.crypto.codec``); on a worker (built with that
 client, or given the plugin itself) it adds ``AgentWorkflow`` and every activity
-the workflow schedules, all bound to one :class:`~activities.runtime.Runtime`
-(settings, run store, tool and provider registries, prices, policy, sandboxes).
+the workflow schedules (and ``ScheduledMessageWorkflow``, what a session schedule starts,
+with its activity), all bound to one :class:`~activities.runtime.Runtime` (settings, run
+store, tool and provider registries, prices, policy, sandboxes).
 While a worker runs, the plugin also registers the ``Agent*`` search attributes
 where it may, reaps sandboxes of ended runs every ``AGENT_REAP_INTERVAL_S`` and,
 with ``AGENT_HEALTH_PORT``, serves ``/healthz`` and ``/readyz`` (``durable_agents.health``).
@@ -56,6 +57,7 @@ from activities.models.registry import ProviderRegistry
 from activities.run_config import RunConfigActivities
 from activities.runtime import Runtime
 from activities.sandbox.activity import SandboxActivities
+from activities.scheduled_messages import ScheduledMessageActivities
 from activities.sessions import SessionActivities
 from activities.settings import ConfigurationError, Settings
 from activities.tenant_quota import TenantQuotaActivities
@@ -65,6 +67,7 @@ from durable_agents.health import HealthServer, WorkerHealth
 from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
+from workflows.scheduled_message import ScheduledMessageWorkflow
 
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
 WORKFLOW_MODULE = AgentWorkflow.__module__
@@ -107,7 +110,8 @@ def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
 
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
-    """Every activity ``AgentWorkflow`` schedules: run config, model, transcript, sandbox, one per tool."""
+    """Every activity ``AgentWorkflow`` schedules (run config, model, transcript, sandbox, one per tool) and
+    ``ScheduledMessageWorkflow``'s ``scheduled_message_send``."""
     snapshots = SnapshotCache()  # run_config's MCP snapshots, read by the run's model turns
     model = ModelActivities(runtime, snapshots)
     sandbox = SandboxActivities(runtime.sandbox_backend)
@@ -130,6 +134,7 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         DelegationActivities(runtime).tree_run_reserve,
         TenantQuotaActivities(runtime).tenant_run_release,
         MemoryRecallActivities(runtime).memory_recall,
+        ScheduledMessageActivities().scheduled_message_send,
         *tool_activities(runtime),
     ]
 
@@ -176,7 +181,7 @@ class DurableAgentsPlugin(SimplePlugin):
         super().__init__(
             PLUGIN_NAME,
             data_converter=self._data_converter,
-            workflows=[AgentWorkflow],
+            workflows=[AgentWorkflow, ScheduledMessageWorkflow],
             activities=all_activities(self.runtime),
             workflow_runner=share_workflow_module,
         )

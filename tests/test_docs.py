@@ -197,7 +197,7 @@ def test_every_flag_the_cli_reference_shows_is_the_cli_s_own() -> None:
     helps: dict[tuple[str, ...], str] = {}
     for line in lines:
         words = line.split()
-        command = tuple(words[1:3] if words[1] in ("sandboxes", "memory") else words[1:2])
+        command = tuple(words[1:3] if words[1] in ("sandboxes", "memory", "schedule") else words[1:2])
         if command not in helps:
             helps[command] = _help_of(command)
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line):

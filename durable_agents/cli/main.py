@@ -51,6 +51,7 @@ from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
+import durable_agents.cli.schedule as schedule
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs
@@ -127,6 +128,7 @@ COMMANDS: dict[str, Command] = {
     "transcript": cmd_transcript,
     "chat": cmd_chat,
     "forget": cmd_forget,
+    "schedule": schedule.cmd_schedule,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -163,6 +165,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_transcript_command(sub)
     add_chat_command(sub)
     add_forget_command(sub)
+    schedule.add_command(sub)
     add_tools_command(sub)
     add_memory_command(sub)
     add_codec_command(sub)

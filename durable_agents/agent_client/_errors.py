@@ -1,0 +1,27 @@
+"""What ``AgentClient`` raises: one hierarchy, each error one line a person can act on."""
+
+from __future__ import annotations
+
+
+class AgentClientError(Exception):
+    """Base of every error ``AgentClient`` raises; ``str()`` is one line meant for a person."""
+
+
+class RunNotFound(AgentClientError):
+    """No run with this id (or none the caller's tenant may see: the API answers 404 either way)."""
+
+
+class NotAnAgentRun(AgentClientError):
+    """The workflow exists but is not an ``AgentWorkflow``."""
+
+
+class RunExists(AgentClientError):
+    """A run with this id exists (open, or closed without ``reuse_id``)."""
+
+
+class DecisionRefused(AgentClientError):
+    """The run refused the decision (unknown approval, not an approver, bad signature, invalid edit, ...)."""
+
+
+class NoAnswer(AgentClientError):
+    """The run did not answer in time (no worker polls its task queue, or the worker is busy)."""
