@@ -77,6 +77,10 @@ class DeltaChannel(Protocol):
         """Delete the run's deltas and listener (erasure); how many deltas."""
         ...
 
+    async def count(self, workflow_id: str) -> int:
+        """How many deltas the run has stored (a dry run of erasure)."""
+        ...
+
     async def close(self) -> None: ...
 
 

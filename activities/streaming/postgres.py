@@ -149,6 +149,12 @@ class PostgresDeltaChannel:
             cur = await conn.execute("DELETE FROM stream_deltas WHERE workflow_id = %s", (workflow_id,))
             return cur.rowcount
 
+    async def count(self, workflow_id: str) -> int:
+        async with self._db.connection() as conn:
+            cur = await conn.execute("SELECT COUNT(*) FROM stream_deltas WHERE workflow_id = %s", (workflow_id,))
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
     async def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:

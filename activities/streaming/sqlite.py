@@ -148,5 +148,12 @@ class SQLiteDeltaChannel:
     async def delete(self, workflow_id: str) -> int:
         return await self._run(self._delete, workflow_id)
 
+    def _count(self, workflow_id: str) -> int:
+        row = self._conn.execute("SELECT COUNT(*) FROM stream_deltas WHERE workflow_id = ?", (workflow_id,)).fetchone()
+        return int(row[0])
+
+    async def count(self, workflow_id: str) -> int:
+        return await self._run(self._count, workflow_id)
+
     async def close(self) -> None:
         await self._run(self._conn.close)
