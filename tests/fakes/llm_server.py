@@ -375,12 +375,13 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True  # stopped while waiting: no answer
                 return
             if streamed:
-                self._stream(events, reply)
+                self._stream(events, reply, entry)
             else:
                 self._send(reply.status, payload, reply.headers)
 
-        def _stream(self, events: list[str], reply: Scripted) -> None:
-            """Write the events one by one (the end of the body is the connection's close)."""
+        def _stream(self, events: list[str], reply: Scripted, entry: dict[str, Any]) -> None:
+            """Write the events one by one (the end of the body is the connection's close); the request's
+            entry gets ``first_text_at``, the ``time.monotonic()`` its first text went out."""
             self.close_connection = True
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -398,6 +399,7 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                         return  # the connection drops mid-stream
                     if '"text_delta"' in event or ('"content": "' in event and '"content": ""' not in event):
                         texts += 1
+                        entry.setdefault("first_text_at", time.monotonic())
                         if texts == 1 and reply.hold is not None:
                             while not reply.hold.wait(0.05):
                                 if server._stopping.is_set():
