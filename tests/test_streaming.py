@@ -174,8 +174,9 @@ async def test_forgetting_a_tenant_deletes_its_streamed_text(
     run_worker: WorkerFactory,
 ) -> None:
     client = dev_env.client
-    await ensure_search_attributes(client)
     runtime = runtime_for(settings, postgres_db_url, "openai")
+    runtime.search_attributes_ready = await ensure_search_attributes(client)
+    assert runtime.search_attributes_ready, "forget finds a tenant's runs by their AgentTenant search attribute"
     reader = DeltaReader.from_settings(runtime.settings)
     token = uuid.uuid4().hex[:8]
     tenants = {f"acme-{token}": f"stream-acme-{token}", f"other-{token}": f"stream-other-{token}"}
