@@ -93,9 +93,8 @@ async def test_deltas_reach_a_reader_before_the_turn_completes_and_history_stays
                 1,
                 {"restart": False},
             )
-            print(
-                f"\n[{wire}] first delta {1000 * (seen_at - llm.requests[-1]['first_text_at']):.1f} ms after the server sent it"
-            )
+            latency_ms = 1000 * (seen_at - llm.requests[-1]["first_text_at"])
+            print(f"\n[{wire}] first delta {latency_ms:.1f} ms after the server sent it")
             hold.set()
             head = "".join(e.text for e in first)
             events = first + await deltas_until(
