@@ -10,6 +10,7 @@ tenant deletes its runs' deltas and leaves another tenant's.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from activities.settings import Settings
 from durable_agents import forgetting
-from durable_agents.agent_client import RunEvent
+from durable_agents.agent_client import AgentClient, RunEvent
 from durable_agents.search_attributes import ensure_search_attributes
 from durable_agents.streaming import DeltaReader
 from tests.conftest import WorkerFactory
@@ -47,13 +48,10 @@ async def deltas_until(reader: DeltaReader, workflow_id: str, done: object, afte
 
 
 async def start(
-    client: Client, tq: str, workflow_id: str, **fields: object
+    client: Client, tq: str, workflow_id: str, *, tenant: str = ""
 ) -> WorkflowHandle[AgentWorkflow, AgentResult]:
     return await client.start_workflow(
-        AgentWorkflow.run,
-        AgentInput(task="tell me", **fields),
-        id=workflow_id,
-        task_queue=tq,  # type: ignore[arg-type]
+        AgentWorkflow.run, AgentInput(task="tell me", tenant=tenant), id=workflow_id, task_queue=tq
     )
 
 
@@ -192,6 +190,45 @@ async def test_forgetting_a_tenant_deletes_its_streamed_text(
         assert report.counts["stream_deltas"] > 0
         assert await runtime.deltas.count(gone) == 0 and await reader.read(gone, 0) == []
         assert "".join(e.text for e in await reader.read(kept, 0)) == f"{kept_tenant} says hello, streamed."
+    finally:
+        await reader.close()
+        await runtime.aclose()
+
+
+async def test_agent_client_events_merge_a_turns_text_while_it_streams(
+    dev_env: WorkflowEnvironment, settings: Settings, llm: FakeLLMServer, run_worker: WorkerFactory
+) -> None:
+    client = dev_env.client
+    runtime = runtime_for(settings, settings.store_url, "openai")
+    reader = DeltaReader.from_settings(runtime.settings)
+    workflow_id = f"stream-events-{uuid.uuid4().hex[:10]}"
+    hold, first_delta = threading.Event(), asyncio.Event()
+    llm.enqueue(Scripted(text=TEXT, hold=hold))
+    seen: list[RunEvent] = []
+
+    async def follow(agents: AgentClient) -> None:
+        async for event in agents.events(workflow_id):
+            seen.append(event)
+            if event.kind == "delta":
+                first_delta.set()
+
+    try:
+        async with run_worker(client, runtime) as tq:
+            agents = AgentClient(client, task_queue=tq, deltas=reader)
+            await reader.listen(workflow_id)
+            await start(client, tq, workflow_id)
+            following = asyncio.create_task(follow(agents))
+            await asyncio.wait_for(first_delta.wait(), 60)
+            assert not hold.is_set() and not any(e.kind == "finished" for e in seen)  # the turn is open
+            hold.set()
+            await asyncio.wait_for(following, 120)  # events() ends when the run closes
+            deltas = [e for e in seen if e.kind == "delta"]
+            assert "".join(e.text for e in deltas) == TEXT
+            assert [e.cursor.seq for e in deltas] == list(range(1, len(deltas) + 1))
+            assert any(e.kind == "finished" for e in seen)
+            # A cursor resumes after the deltas it has seen: nothing of the text comes twice.
+            again = [e async for e in agents.events(workflow_id, after=deltas[2].cursor) if e.kind == "delta"]
+            assert "".join(e.text for e in deltas[:3] + again) == TEXT
     finally:
         await reader.close()
         await runtime.aclose()
