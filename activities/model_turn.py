@@ -261,10 +261,11 @@ class ModelActivities:
         if not can_stream(provider):
             return None
         info = activity.info()
-        workflow_id, channel = info.workflow_id or "", self._rt.deltas
+        workflow_id = info.workflow_id or ""
         if not workflow_id:
             return None
         try:
+            channel = self._rt.deltas
             if not await channel.listening(workflow_id):
                 return None
             await channel.prune(workflow_id, req.turn, time.time() - RETAIN_S)
