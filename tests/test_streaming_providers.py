@@ -14,6 +14,7 @@ from activities.models.anthropic import AnthropicProvider
 from activities.models.base import RetryableProviderError
 from activities.models.http_provider import HttpProvider
 from activities.models.openai import OpenAIProvider
+from activities.models.sse import MAX_LINE_BYTES
 from activities.redaction import redact
 from activities.store_urls import is_postgres
 from activities.streaming.base import DeltaChannel, DeltaSealer
@@ -145,3 +146,28 @@ async def test_the_publisher_batches_and_never_writes_a_secret_split_over_deltas
     assert {(d.turn, d.attempt) for d in rows} == {(3, 2)}
 
 
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+@pytest.mark.parametrize(
+    ("body", "errors"),
+    [
+        ("data: " + "x" * (MAX_LINE_BYTES + 10), ("line over the size limit",) * 2),
+        ("event: x\ndata: {not json\n\n", ("malformed response from provider",) * 2),
+        # OpenAI's choices must be a list; an Anthropic stream that never says message_stop is cut short.
+        ('data: {"type": "message_start", "choices": "none"}\n\n', ("choices is not a list", "ended before")),
+    ],
+)
+async def test_a_hostile_stream_is_a_clear_error_not_a_hang_or_a_crash(
+    wire: str, body: str, errors: tuple[str, str], llm: FakeLLMServer
+) -> None:
+    provider = provider_for(wire, llm)
+    assert isinstance(provider, OpenAIProvider | AnthropicProvider)
+    llm.enqueue(Scripted(raw_body=body))
+    pieces: list[str] = []
+
+    async def sink(text: str) -> None:
+        pieces.append(text)
+
+    with pytest.raises(RetryableProviderError, match=errors[0] if wire == "openai" else errors[1]):
+        await provider.stream("m", PROMPT, [], on_text=sink)
+    await provider.aclose()
+    assert pieces == []

@@ -50,7 +50,7 @@ class Scripted:
     invalid JSON (OpenAI format sends it verbatim; Anthropic, which can only send
     objects, gets ``{"_raw": raw}`` unless it decodes to an object). A non-200
     ``status`` renders a provider-style error body with ``text`` as its message.
-    ``raw_body`` replaces the rendered body verbatim. ``headers`` are always sent.
+    ``raw_body`` replaces the rendered body (or a stream's events) verbatim. ``headers`` are always sent.
     ``delay_s`` makes the server wait that long before answering (a slow model);
     ``stop()`` cuts the wait short and drops the connection without an answer.
     A request with ``"stream": true`` is answered in the provider's SSE wire format (OpenAI
@@ -361,8 +361,10 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             try:
                 parsed = body if isinstance(body, dict) else {}
                 reply = server._next(parsed)
-                streamed = parsed.get("stream") is True and reply.status == 200 and reply.raw_body is None
-                if streamed:
+                streamed = parsed.get("stream") is True and reply.status == 200
+                if streamed and reply.raw_body is not None:
+                    events, payload = [reply.raw_body], ""  # a stream's body verbatim (a broken server)
+                elif streamed:
                     events = (openai_events if path == OPENAI_PATH else anthropic_events)(server, parsed, reply)
                     payload = ""
                 else:
