@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from durable_agents import Message, ModelProvider, ProviderReply, Settings, provider
@@ -32,7 +33,7 @@ class TypewriterProvider:
         messages: list[Message],
         tools: list[dict[str, Any]],
         *,
-        on_text: Any,
+        on_text: Callable[[str], Awaitable[None]],
         max_output_tokens: int | None = None,
     ) -> ProviderReply:
         text = answer(messages)
