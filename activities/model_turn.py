@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import structlog
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -25,6 +26,8 @@ from activities.models.base import (
     FatalProviderError,
     ProviderReply,
     RetryableProviderError,
+    StreamingProvider,
+    can_stream,
     complete_capped,
     prompt_tokens_bound,
 )
@@ -32,6 +35,8 @@ from activities.redaction import redact
 from activities.runtime import Runtime
 from activities.store.base import StoredMessage
 from activities.store_errors import store_guarded
+from activities.streaming.base import RETAIN_S
+from activities.streaming.publisher import DeltaPublisher
 from activities.tools.registry import subagent_call, subagent_definition
 from workflows.types import (
     Message,
@@ -188,27 +193,35 @@ class ModelActivities:
             kind=SpanKind.CLIENT,
             attributes=telemetry.gen_ai_chat_attributes(provider_name, model_name, req.conversation_id),
         ) as span:
+            provider = self._rt.providers.get(provider_name)
+            publisher = await self._publisher(req, provider, secrets)
+            span.set_attribute("agent.streamed", publisher is not None)
             try:
                 async with heartbeating(INTERRUPTIBLE_HEARTBEAT_S if req.interruptible else MODEL_HEARTBEAT_S):
-                    reply = await complete_capped(
-                        self._rt.providers.get(provider_name),
-                        model_name,
-                        transcript,
-                        definitions,
-                        self._rt.settings.max_output_tokens,
-                    )
-            except RetryableProviderError as exc:
-                span.set_attribute("error.type", "ModelUnavailable")
-                log.warning("model_unavailable", error=redact(exc.message, secrets), status=exc.status)
-                delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s is not None else None
-                raise ApplicationError(
-                    redact(exc.message, secrets), type="ModelUnavailable", next_retry_delay=delay
-                ) from None
-            except FatalProviderError as exc:
-                span.set_attribute("error.type", "ModelRejected")
-                log.warning("model_rejected", error=redact(exc.message, secrets), status=exc.status)
-                raise ApplicationError(redact(exc.message, secrets), type="ModelRejected", non_retryable=True) from None
+                    if publisher is not None:
+                        reply = await cast(StreamingProvider, provider).stream(
+                            model_name,
+                            transcript,
+                            definitions,
+                            on_text=publisher.text,
+                            max_output_tokens=self._rt.settings.max_output_tokens,
+                        )
+                    else:
+                        reply = await complete_capped(
+                            provider, model_name, transcript, definitions, self._rt.settings.max_output_tokens
+                        )
+            except (RetryableProviderError, FatalProviderError) as exc:
+                if publisher is not None:
+                    publisher.abandon()
+                raise self._provider_error(exc, span, secrets) from None
+            except BaseException:
+                if publisher is not None:
+                    publisher.abandon()
+                raise
             message = _redacted_reply(reply, secrets)
+            if publisher is not None:
+                await publisher.finish(message.content)
+                log.info("model_streamed", rows=publisher.rows, attempt=publisher.attempt)
             usage = Usage(
                 input_tokens=reply.input_tokens,
                 output_tokens=reply.output_tokens,
@@ -239,6 +252,41 @@ class ModelActivities:
             "response_id": reply.response_id,
         }
         return message, meta
+
+    async def _publisher(self, req: ModelRequest, provider: object, secrets: list[str]) -> DeltaPublisher | None:
+        """A publisher of this turn's text when the provider streams and someone listens to the run, else None.
+
+        Asked once, at the start of the turn: a reader that comes later gets the whole reply.
+        """
+        if not can_stream(provider):
+            return None
+        info = activity.info()
+        workflow_id = info.workflow_id or ""
+        if not workflow_id:
+            return None
+        try:
+            channel = self._rt.deltas
+            if not await channel.listening(workflow_id):
+                return None
+            await channel.prune(workflow_id, req.turn, time.time() - RETAIN_S)
+        except Exception as exc:  # no stream then: the whole reply still comes
+            log.warning("stream_channel_unavailable", error=type(exc).__name__)
+            return None
+        return DeltaPublisher(channel, workflow_id, req.turn, info.attempt, secrets)
+
+    @staticmethod
+    def _provider_error(
+        exc: RetryableProviderError | FatalProviderError, span: Span, secrets: list[str]
+    ) -> ApplicationError:
+        message = redact(exc.message, secrets)
+        if isinstance(exc, RetryableProviderError):
+            span.set_attribute("error.type", "ModelUnavailable")
+            log.warning("model_unavailable", error=message, status=exc.status)
+            delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s is not None else None
+            return ApplicationError(message, type="ModelUnavailable", next_retry_delay=delay)
+        span.set_attribute("error.type", "ModelRejected")
+        log.warning("model_rejected", error=message, status=exc.status)
+        return ApplicationError(message, type="ModelRejected", non_retryable=True)
 
     def _turn(
         self, req: ModelRequest, message: Message, meta: dict[str, object], mcp_tools: dict[str, mcp_catalog.McpToolDef]

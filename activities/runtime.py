@@ -30,6 +30,7 @@ from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url
 from activities.store.transcript_cache import TranscriptCache
+from activities.streaming import DeltaChannel, open_channel
 from activities.subagents import load_subagents
 from activities.tenant_secrets import secrets_dir_problem
 from activities.tools.registry import RESERVED_NAMES, ToolRegistry
@@ -52,6 +53,7 @@ class Runtime:
     _store: RunStore | None = field(default=None, repr=False)
     _transcripts: TranscriptCache | None = field(default=None, repr=False)
     _memory: MemoryStore | None = field(default=None, repr=False)
+    _deltas: DeltaChannel | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(
@@ -98,6 +100,13 @@ class Runtime:
         if self._memory is None:
             self._memory = open_memory(self.settings)
         return self._memory
+
+    @property
+    def deltas(self) -> DeltaChannel:
+        """Where model turns stream their text (``activities.streaming``), beside the run store; opened on first use."""
+        if self._deltas is None:
+            self._deltas = open_channel(self.settings)
+        return self._deltas
 
     def memory_of(self, tenant: str, user: str) -> RunMemory:
         """The (tenant, user) namespace of :attr:`memory`, as a run's tools get it (the store opens on first use)."""
@@ -158,3 +167,6 @@ class Runtime:
         memory, self._memory = self._memory, None
         if memory is not None:
             await memory.close()
+        deltas, self._deltas = self._deltas, None
+        if deltas is not None:
+            await deltas.close()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from durable_agents.client import connect, exit_process
     from durable_agents.forgetting import ForgetReport, forget_tenant
     from durable_agents.plugin import DurableAgentsPlugin
+    from durable_agents.streaming import DeltaReader
     from workflows.run_failure import result_of_failure
     from workflows.session_types import SendResult, SessionMessage, SessionSpec
     from workflows.types import (
@@ -62,6 +63,8 @@ _HOMES: dict[str, str] = {
     "connect": "durable_agents.client",
     "exit_process": "durable_agents.client",
     "result_of_failure": "workflows.run_failure",  # a run's AgentResult from its failure (AGENT_FAIL_WORKFLOW_ON_ERROR)
+    # front ends
+    "DeltaReader": "durable_agents.streaming",  # a run's streamed model text (AgentClient's deltas source)
     # the run contract
     "AgentInput": "workflows.types",
     "AgentResult": "workflows.types",
@@ -113,6 +116,7 @@ __all__ = [
     "AskHumanArgs",
     "ConfigurationError",
     "DecisionRecord",
+    "DeltaReader",
     "DurableAgentsPlugin",
     "FatalProviderError",
     "ForgetReport",

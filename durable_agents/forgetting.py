@@ -43,6 +43,7 @@ from activities.memory import MemoryStore, open_memory
 from activities.settings import Settings
 from activities.store.base import TENANT_META, USER_META, RunStore
 from activities.store.factory import open_store
+from activities.streaming import DeltaChannel, open_channel
 from workflows.identity import SESSION_RUN
 from workflows.types import AgentInput
 
@@ -225,6 +226,7 @@ async def forget(
     include_open: bool = False,
     open_wait_s: float = OPEN_WAIT_S,
     memory: MemoryStore | None = None,
+    deltas: DeltaChannel | None = None,
 ) -> ForgetReport:
     """Delete everything of ``tenant`` (or of its ``user``); see the module. Writes one audit log line."""
     report = ForgetReport(tenant=tenant, user=user, dry_run=dry_run)
@@ -252,6 +254,9 @@ async def forget(
         report.counts["memory_entries"] = (
             await memory.count(tenant, user) if dry_run else await memory.forget(tenant, user)
         )
+    if deltas is not None:  # streamed text is the workflow id's, all of it: shared ids included
+        ids = sorted({r.workflow_id for r in closed})
+        report.counts["stream_deltas"] = sum([await (deltas.count if dry_run else deltas.delete)(w) for w in ids])
     if not dry_run:
         report.counts["runs"] = await delete_executions(client, closed)
     log.info(
@@ -285,8 +290,12 @@ async def forget_tenant(
     """
     store = open_store(settings.store_url, settings.encryption.keyring)
     memory = open_memory(settings)
+    deltas = open_channel(settings)
     try:
-        return await forget(client, store, tenant, user, dry_run=dry_run, include_open=include_open, memory=memory)
+        return await forget(
+            client, store, tenant, user, dry_run=dry_run, include_open=include_open, memory=memory, deltas=deltas
+        )
     finally:
+        await deltas.close()
         await memory.close()
         await store.close()

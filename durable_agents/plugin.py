@@ -208,6 +208,7 @@ class DurableAgentsPlugin(SimplePlugin):
                     retention_days=self.settings.checkpoints.retention_days,
                     run_retention_days=self.settings.checkpoints.run_retention_days,
                     memory=lambda: self.runtime.memory,
+                    deltas=lambda: self.runtime.deltas,
                 ),
                 name="sandbox-reaper",
             )

@@ -21,6 +21,8 @@ from activities.memory import MemoryStore
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.reaper import ReapReport, reap
 from activities.store.base import RunStore
+from activities.streaming import DeltaChannel
+from activities.streaming.base import RETAIN_S
 from activities.tenant_quota import open_checker, release_closed
 from workflows.identity import SESSION_RUN
 
@@ -135,6 +137,19 @@ async def expire_memory(memory: MemoryStore, now: float | None = None) -> int:
     return expired
 
 
+async def expire_deltas(channel: DeltaChannel, older_than: float) -> int:
+    """Delete streamed text written before ``older_than`` (its turns are long in the transcript), and stale
+    listeners; how many deltas (0 after an error, which is logged)."""
+    try:
+        expired = await channel.expire(older_than)
+    except Exception as exc:
+        log.warning("stream_expiry_failed", error=str(exc)[:300])
+        return 0
+    if expired:
+        log.info("stream_deltas_expired", deleted=expired)
+    return expired
+
+
 async def reap_forever(
     client: Client,
     backend: Callable[[], SandboxBackend],
@@ -145,18 +160,22 @@ async def reap_forever(
     run_retention_days: float | None = None,
     clock: Callable[[], float] = time.time,
     memory: Callable[[], MemoryStore] | None = None,
+    deltas: Callable[[], DeltaChannel] | None = None,
 ) -> None:
     """The worker's background reaper: one pass every ``every_s`` seconds; errors are logged, never raised.
 
     A pass kills the sandboxes of closed runs, then (with ``store``) deletes the data of runs closed
     longer than ``run_retention_days`` ago (when set) and the run store blobs no open run or kept
     checkpoint references, and gives back the tenant places (``AGENT_TENANT_MAX_OPEN_RUNS``) of runs
-    that closed without giving theirs back; then (with ``memory``) the memory entries past their TTL.
+    that closed without giving theirs back; then (with ``memory``) the memory entries past their TTL, and (with
+    ``deltas``) streamed text older than ``activities.streaming.base.RETAIN_S``.
     """
     while True:
         await asyncio.sleep(every_s)
         if memory is not None:
             await expire_memory(memory())
+        if deltas is not None:
+            await expire_deltas(deltas(), clock() - RETAIN_S)
         try:
             report = await reap_once(client, backend())
         except Exception as exc:  # the reaper is a safety net; it must never take the worker down

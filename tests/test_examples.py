@@ -444,3 +444,22 @@ def test_offboarding_example_caps_a_tenant_then_forgets_it_and_keeps_the_other(
     assert all(count.endswith(" 0") for count in lines["again"].split(", ")), run.stdout
     assert lines["acme afterwards"] == "completed: No memory entries matched.", run.stdout
     assert "channel 6" in lines["globex afterwards"], run.stdout
+
+
+def test_streaming_example_prints_a_turns_text_as_it_streams(dev_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    address = dev_env.client.service_client.config.target_host
+    env = example_env(tmp_path, TEMPORAL_ADDRESS=address, AGENT_TASK_QUEUE=f"follow-{uuid.uuid4().hex[:8]}")
+    env["AGENT_STORE_URL"] = str(tmp_path / "store.sqlite3")
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.streaming.follow"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    streamed, result, deltas = run.stdout.rstrip("\n").rsplit("\n", 2)
+    assert result == f"result: completed: {streamed}", run.stdout
+    assert streamed.startswith("You asked: say something. Here is a reply"), run.stdout
+    assert int(deltas.removeprefix("deltas: ")) > 1, run.stdout  # it came in pieces, not as one reply

@@ -1,6 +1,7 @@
 """Anthropic Messages API provider.
 
-One non-streaming ``POST {base_url}/v1/messages`` per turn. The neutral
+One ``POST {base_url}/v1/messages`` per turn, streamed (``message_start``, ``content_block_*``,
+``message_delta``, ``message_stop`` events) when the activity streams the turn. The neutral
 transcript is reshaped to what the API demands: system messages go to the
 top-level ``system`` field, tool results become ``tool_result`` blocks of a user
 message, and consecutive same-role messages are merged because the API
@@ -15,10 +16,18 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from activities.models.base import ProviderReply
-from activities.models.http_errors import as_int, missing, post_json
+from activities.models.base import (
+    FatalProviderError,
+    ProviderError,
+    ProviderReply,
+    RetryableProviderError,
+    TextSink,
+)
+from activities.models.http_errors import as_int, error_message, malformed, missing, post_json
 from activities.models.http_provider import HttpProvider
 from activities.models.registry import provider
+from activities.models.sse import ended_early, post_sse
+from activities.redaction import redact
 from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
@@ -59,6 +68,43 @@ class AnthropicProvider(HttpProvider):
 
         ``max_tokens`` (which the API requires) is ``max_output_tokens``, or the provider's own default.
         """
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        data = await post_json(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets)
+        return parse_reply(data, secrets)
+
+    async def stream(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        on_text: TextSink,
+        max_output_tokens: int | None = None,
+    ) -> ProviderReply:
+        """``complete``, streamed (``"stream": true``): ``on_text`` gets each ``text_delta``."""
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        body["stream"] = True
+        message = StreamedMessage()
+        async for event, data in post_sse(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets):
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                raise malformed(PROVIDER, f"stream event is not JSON: {data[:200]!r}", secrets) from None
+            if not isinstance(payload, dict):
+                raise malformed(PROVIDER, "stream event is not a JSON object", secrets)
+            kind = str(payload.get("type") or event)
+            if kind == "message_stop":
+                return parse_reply(message.data(), secrets)
+            if kind == "error":
+                raise stream_error(payload, secrets)
+            text = message.add(kind, payload, secrets)
+            if text:
+                await on_text(text)
+        raise ended_early(PROVIDER)
+
+    def _request(
+        self, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int | None
+    ) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
         self.require_key(DEFAULT_BASE_URL, "ANTHROPIC_API_KEY")
         secrets = self._secrets()
         headers = {"anthropic-version": API_VERSION}
@@ -70,10 +116,71 @@ class AnthropicProvider(HttpProvider):
             body["system"] = system
         if tools:
             body["tools"] = [render_tool(t) for t in tools]
-        data = await post_json(
-            self._client, PROVIDER, f"{self.base_url}/v1/messages", headers=headers, body=body, secrets=secrets
-        )
-        return parse_reply(data, secrets)
+        return f"{self.base_url}/v1/messages", headers, body, secrets
+
+
+def stream_error(payload: dict[str, Any], secrets: list[str]) -> ProviderError:
+    """An ``error`` event mid-stream: ``overloaded_error`` and ``api_error`` may pass, the rest will not."""
+    err = payload.get("error") if isinstance(payload.get("error"), dict) else {}
+    assert isinstance(err, dict)
+    kind = str(err.get("type") or "")
+    message = redact(f"{PROVIDER} stream error {kind}: {error_message(json.dumps(payload), secrets)}", secrets)
+    if kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error", ""):
+        return RetryableProviderError(message, status=200)
+    return FatalProviderError(message, status=200)
+
+
+class StreamedMessage:
+    """A Messages API response put together from its stream events (``message_start`` ... ``message_delta``)."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, list[str]] = {}
+        self.usage: dict[str, Any] = {}
+
+    def add(self, kind: str, payload: dict[str, Any], secrets: list[str]) -> str:
+        """Take one event in; the text it adds."""
+        if kind == "message_start" and isinstance(payload.get("message"), dict):
+            self.message = payload["message"]
+            if isinstance(self.message.get("usage"), dict):
+                self.usage.update(self.message["usage"])
+        elif kind == "content_block_start":
+            block = payload.get("content_block")
+            if not isinstance(block, dict):
+                raise malformed(PROVIDER, "content_block_start without a content_block", secrets)
+            self.blocks[as_int(payload.get("index"))] = dict(block)
+        elif kind == "content_block_delta":
+            index, delta = as_int(payload.get("index")), payload.get("delta")
+            block = self.blocks.get(index)
+            if block is None or not isinstance(delta, dict):
+                raise malformed(PROVIDER, f"content_block_delta for no started block {index}", secrets)
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                block["text"] = str(block.get("text") or "") + delta["text"]
+                return str(delta["text"]) if block.get("type") == "text" else ""
+            if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+                self.partial_json.setdefault(index, []).append(delta["partial_json"])
+        elif kind == "message_delta":
+            delta = payload.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason"):
+                self.message["stop_reason"] = delta["stop_reason"]
+            if isinstance(payload.get("usage"), dict):
+                self.usage.update({k: v for k, v in payload["usage"].items() if v is not None})
+        return ""
+
+    def data(self) -> dict[str, Any]:
+        """The whole response, as the non-streaming API would have answered it."""
+        content = []
+        for index in sorted(self.blocks):
+            block = self.blocks[index]
+            if block.get("type") == "tool_use" and index in self.partial_json:
+                raw = "".join(self.partial_json[index])
+                try:
+                    block["input"] = json.loads(raw) if raw.strip() else {}
+                except ValueError:
+                    block["input"] = {"_raw": raw}  # what the model sent, for the tool error it will read
+            content.append(block)
+        return {**self.message, "content": content, "usage": self.usage}
 
 
 def render_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:

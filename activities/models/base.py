@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC
 from typing import Any, Protocol, cast
 
@@ -85,6 +86,33 @@ async def complete_capped(
             model, messages, tools, max_output_tokens=max_output_tokens
         )
     return await provider.complete(model, messages, tools)
+
+
+TextSink = Callable[[str], Awaitable[None]]
+
+
+class StreamingProvider(Protocol):
+    """A provider that can also stream a turn: ``on_text`` gets the reply's text as it arrives, and the
+    result is the same ``ProviderReply`` that ``complete`` would have answered (the transcript stores that).
+
+    The ``model`` activity streams only when someone listens to the run (``activities.streaming``); any
+    provider without ``stream`` is always called through ``complete``.
+    """
+
+    async def stream(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        on_text: TextSink,
+        max_output_tokens: int | None = None,
+    ) -> ProviderReply: ...
+
+
+def can_stream(provider: object) -> bool:
+    """Whether ``provider`` has a ``stream`` method (see ``StreamingProvider``)."""
+    return callable(getattr(provider, "stream", None))
 
 
 PROMPT_BYTES_PER_TOKEN = 3  # text averages about 4 bytes a token (CJK about 3): 3 errs on the high side

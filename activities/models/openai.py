@@ -1,6 +1,7 @@
 """OpenAI-compatible Chat Completions provider (OpenAI, Ollama, vLLM, llama.cpp, ...).
 
-One non-streaming ``POST {base_url}/chat/completions`` per turn. Tool-call
+One ``POST {base_url}/chat/completions`` per turn, streamed (SSE ``chat.completion.chunk`` events, then
+``[DONE]``) when the activity streams the turn. Tool-call
 arguments travel as the raw string the model produced, in both directions, so
 the transcript records exactly what the model said. Errors: see ``http_errors``.
 """
@@ -13,10 +14,11 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from activities.models.base import ProviderReply
-from activities.models.http_errors import as_int, missing, post_json
+from activities.models.base import ProviderReply, TextSink
+from activities.models.http_errors import as_int, error_message, malformed, missing, post_json
 from activities.models.http_provider import HttpProvider
 from activities.models.registry import provider
+from activities.models.sse import ended_early, post_sse
 from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
@@ -54,6 +56,35 @@ class OpenAIProvider(HttpProvider):
         ``max_output_tokens`` goes out as ``max_completion_tokens`` to OpenAI itself (its o-series
         refuses ``max_tokens``) and as ``max_tokens`` to any other server (vLLM, Ollama, llama.cpp).
         """
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        data = await post_json(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets)
+        return parse_reply(data, secrets)
+
+    async def stream(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        on_text: TextSink,
+        max_output_tokens: int | None = None,
+    ) -> ProviderReply:
+        """``complete``, streamed (``stream: true``, usage in the last chunk): ``on_text`` gets each text delta."""
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        reply = StreamedReply()
+        async for _, data in post_sse(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets):
+            if data.strip() == "[DONE]":
+                return reply.finish(secrets)
+            text = reply.add(_chunk(data, secrets), secrets)
+            if text:
+                await on_text(text)
+        raise ended_early(PROVIDER)
+
+    def _request(
+        self, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int | None
+    ) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
         self.require_key(DEFAULT_BASE_URL, "OPENAI_API_KEY")
         secrets = self._secrets()
         headers = {"Authorization": f"Bearer {secrets[0]}"} if secrets else {}
@@ -63,10 +94,84 @@ class OpenAIProvider(HttpProvider):
         if max_output_tokens is not None:
             official = self.base_url.rstrip("/") == DEFAULT_BASE_URL
             body["max_completion_tokens" if official else "max_tokens"] = max_output_tokens
-        data = await post_json(
-            self._client, PROVIDER, f"{self.base_url}/chat/completions", headers=headers, body=body, secrets=secrets
+        return f"{self.base_url}/chat/completions", headers, body, secrets
+
+
+def _chunk(data: str, secrets: list[str]) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise malformed(PROVIDER, f"stream chunk is not JSON: {data[:200]!r}", secrets) from None
+    if not isinstance(chunk, dict):
+        raise malformed(PROVIDER, "stream chunk is not a JSON object", secrets)
+    if chunk.get("error"):
+        raise malformed(PROVIDER, f"stream error: {error_message(data, secrets)}", secrets)
+    return chunk
+
+
+class StreamedReply:
+    """A chat.completion put together from its ``chat.completion.chunk`` deltas."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.arguments: dict[int, list[str]] = {}
+        self.finish_reason = ""
+        self.response_id = ""
+        self.usage: dict[str, Any] = {}
+
+    def add(self, chunk: dict[str, Any], secrets: list[str]) -> str:
+        """Take one chunk in; the text it adds."""
+        self.response_id = self.response_id or str(chunk.get("id") or "")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise malformed(PROVIDER, "stream chunk choices is not a list", secrets)
+        added = ""
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            text = content_text(delta.get("content"))
+            if text:
+                self.text.append(text)
+                added += text
+            for raw in delta.get("tool_calls") or []:
+                if not isinstance(raw, dict):
+                    raise malformed(PROVIDER, "stream tool_calls entry is not an object", secrets)
+                index = as_int(raw.get("index", len(self.calls)))
+                call = self.calls.setdefault(index, {"function": {}})
+                if raw.get("id"):
+                    call["id"] = raw["id"]
+                function = raw.get("function")
+                if isinstance(function, dict):
+                    if function.get("name"):
+                        call["function"]["name"] = call["function"].get("name", "") + str(function["name"])
+                    if isinstance(function.get("arguments"), str):
+                        self.arguments.setdefault(index, []).append(function["arguments"])
+        return added
+
+    def finish(self, secrets: list[str]) -> ProviderReply:
+        """The ``ProviderReply`` ``complete`` would have answered for the same completion."""
+        calls = []
+        for position, index in enumerate(sorted(self.calls)):
+            raw = self.calls[index]
+            function = dict(raw["function"])
+            function["arguments"] = "".join(self.arguments.get(index, [])) if index in self.arguments else None
+            calls.append(parse_tool_call(raw, function, position))
+        return ProviderReply(
+            text="".join(self.text),
+            tool_calls=calls,
+            input_tokens=as_int(self.usage.get("prompt_tokens")),
+            output_tokens=as_int(self.usage.get("completion_tokens")),
+            finish_reason=self.finish_reason,
+            response_id=self.response_id,
         )
-        return parse_reply(data, secrets)
 
 
 def render_message(message: Message) -> dict[str, Any]:

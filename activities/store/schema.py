@@ -1,8 +1,9 @@
 """The run store's tables, in each database's dialect: SQLite's (created if missing) and PostgreSQL's migrations.
 
 Both hold the same tables (transcript, ledger, budget, tree_runs, blobs, checkpoint_usage, tenant_runs,
-blob_refs, and long-term memory's: memory_entries, memory_namespaces, memory_terms, plus its full-text
-index); a change to one is a change to the other. PostgreSQL applies its migrations in order, once each, recorded in
+blob_refs, streamed text's: stream_deltas, stream_listeners, and long-term memory's: memory_entries,
+memory_namespaces, memory_terms, plus its full-text index); a change to one is a change to the other.
+PostgreSQL applies its migrations in order, once each, recorded in
 ``schema_migrations`` (:meth:`activities.store.postgres.PostgresRunStore._migrate`).
 """
 
@@ -79,6 +80,22 @@ CREATE TABLE IF NOT EXISTS blob_refs (
     PRIMARY KEY (digest, run)
 );
 CREATE INDEX IF NOT EXISTS blob_refs_run ON blob_refs (run);
+-- Streamed model text (activities.streaming): deltas by run and a per-run sequence, and who listens.
+CREATE TABLE IF NOT EXISTS stream_deltas (
+    workflow_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    restart INTEGER NOT NULL DEFAULT 0,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (workflow_id, seq)
+);
+CREATE INDEX IF NOT EXISTS stream_deltas_created ON stream_deltas (created_at);
+CREATE TABLE IF NOT EXISTS stream_listeners (
+    workflow_id TEXT PRIMARY KEY,
+    until REAL NOT NULL
+);
 -- Long-term memory (activities.memory). "user_name": "user" is a reserved word in PostgreSQL.
 CREATE TABLE IF NOT EXISTS memory_entries (
     id INTEGER PRIMARY KEY,
@@ -249,5 +266,23 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (term, entry)
     );
     CREATE INDEX memory_terms_entry ON memory_terms (entry);
+    """,
+    # Streamed model text (activities.streaming): deltas out of band of workflow history, and who listens.
+    """
+    CREATE TABLE stream_deltas (
+        workflow_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        turn INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        restart BOOLEAN NOT NULL DEFAULT FALSE,
+        text TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (workflow_id, seq)
+    );
+    CREATE INDEX stream_deltas_created ON stream_deltas (created_at);
+    CREATE TABLE stream_listeners (
+        workflow_id TEXT PRIMARY KEY,
+        until DOUBLE PRECISION NOT NULL
+    );
     """,
 )

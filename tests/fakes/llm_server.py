@@ -50,9 +50,15 @@ class Scripted:
     invalid JSON (OpenAI format sends it verbatim; Anthropic, which can only send
     objects, gets ``{"_raw": raw}`` unless it decodes to an object). A non-200
     ``status`` renders a provider-style error body with ``text`` as its message.
-    ``raw_body`` replaces the rendered body verbatim. ``headers`` are always sent.
+    ``raw_body`` replaces the rendered body (or a stream's events) verbatim. ``headers`` are always sent.
     ``delay_s`` makes the server wait that long before answering (a slow model);
     ``stop()`` cuts the wait short and drops the connection without an answer.
+    A request with ``"stream": true`` is answered in the provider's SSE wire format (OpenAI
+    ``chat.completion.chunk`` events and ``data: [DONE]``, usage last when ``stream_options.include_usage``;
+    Anthropic ``message_start`` ... ``message_stop``), the text in pieces of ``chunk_chars``.
+    ``hold`` makes the server send the first piece and then wait for that event before the rest (a test
+    sees a delta while the turn is still open); ``cut_after`` drops the connection after that many events
+    (a model failing mid-stream).
     ``honest_usage`` reports usage as a real server would: input tokens from the size of the
     request (its JSON bytes / 4), output tokens ``output_tokens`` cut at the request's own cap
     (``max_tokens`` or ``max_completion_tokens``, when it sends one). The reported usage is
@@ -68,6 +74,9 @@ class Scripted:
     output_tokens: int = 5
     delay_s: float = 0.0
     honest_usage: bool = False
+    chunk_chars: int = 4
+    hold: threading.Event | None = None
+    cut_after: int = 0
 
     def usage(self, body: dict[str, Any]) -> tuple[int, int]:
         if not self.honest_usage:
@@ -217,6 +226,101 @@ class FakeLLMServer:
         }
 
 
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))]
+
+
+def openai_events(server: FakeLLMServer, body: dict[str, Any], reply: Scripted) -> list[str]:
+    """The SSE ``data:`` payloads of a streamed chat completion (OpenAI's chunk shapes)."""
+    input_tokens, output_tokens = reply.usage(body)
+    n = server._next_id()
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        data: dict[str, Any] = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            data["usage"] = None
+        return json.dumps(data)
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in _pieces(reply.text, reply.chunk_chars)]
+    for index, (name, raw) in enumerate(reply.tool_calls):
+        first = {"index": index, "id": f"call_{server._next_id()}", "type": "function"}
+        events.append(chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]}))
+        events += [
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            for piece in _pieces(raw, reply.chunk_chars * 2)
+        ]
+    events.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+    if include_usage:
+        usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens}
+        usage["total_tokens"] = input_tokens + output_tokens
+        events.append(
+            json.dumps(
+                {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": body.get("model", ""),
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        )
+    return [f"data: {e}\n\n" for e in events] + ["data: [DONE]\n\n"]
+
+
+def anthropic_events(server: FakeLLMServer, body: dict[str, Any], reply: Scripted) -> list[str]:
+    """The SSE events of a streamed Messages API response (Anthropic's event shapes)."""
+    input_tokens, output_tokens = reply.usage(body)
+    n = server._next_id()
+
+    def event(name: str, data: dict[str, Any]) -> str:
+        return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
+
+    message = {
+        "id": f"msg_{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", ""),
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+    }
+    events = [event("message_start", {"message": message}), event("ping", {})]
+    index = 0
+    if reply.text:
+        events.append(event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}))
+        events += [
+            event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+            for piece in _pieces(reply.text, reply.chunk_chars)
+        ]
+        events.append(event("content_block_stop", {"index": 0}))
+        index = 1
+    for name, raw in reply.tool_calls:
+        block = {"type": "tool_use", "id": f"call_{server._next_id()}", "name": name, "input": {}}
+        events.append(event("content_block_start", {"index": index, "content_block": block}))
+        events += [
+            event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta", "partial_json": p}})
+            for p in _pieces(json.dumps(_as_input(raw)), reply.chunk_chars * 2)
+        ]
+        events.append(event("content_block_stop", {"index": index}))
+        index += 1
+    stop = "tool_use" if reply.tool_calls else "end_turn"
+    delta = {"stop_reason": stop, "stop_sequence": None}
+    events.append(event("message_delta", {"delta": delta, "usage": {"output_tokens": output_tokens}}))
+    events.append(event("message_stop", {}))
+    return events
+
+
 def _as_input(raw: str) -> dict[str, Any]:
     try:
         value = json.loads(raw)
@@ -257,7 +361,14 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             try:
                 parsed = body if isinstance(body, dict) else {}
                 reply = server._next(parsed)
-                payload = server.render(path, parsed, reply)
+                streamed = parsed.get("stream") is True and reply.status == 200
+                if streamed and reply.raw_body is not None:
+                    events, payload = [reply.raw_body], ""  # a stream's body verbatim (a broken server)
+                elif streamed:
+                    events = (openai_events if path == OPENAI_PATH else anthropic_events)(server, parsed, reply)
+                    payload = ""
+                else:
+                    payload = server.render(path, parsed, reply)
                 entry["usage"] = reply.usage(parsed)
             except Exception as exc:  # a broken test callable should fail the call, not hang it
                 self._send(500, _error_body(path, 500, f"fake server error: {exc!r}"), {})
@@ -265,7 +376,38 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if reply.delay_s > 0 and server._stopping.wait(reply.delay_s):
                 self.close_connection = True  # stopped while waiting: no answer
                 return
-            self._send(reply.status, payload, reply.headers)
+            if streamed:
+                self._stream(events, reply, entry)
+            else:
+                self._send(reply.status, payload, reply.headers)
+
+        def _stream(self, events: list[str], reply: Scripted, entry: dict[str, Any]) -> None:
+            """Write the events one by one (the end of the body is the connection's close); the request's
+            entry gets ``first_text_at``, the ``time.monotonic()`` its first text went out."""
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            texts = 0
+            try:
+                for sent, event in enumerate(events, start=1):
+                    self.wfile.write(event.encode("utf-8"))
+                    self.wfile.flush()
+                    if reply.cut_after and sent >= reply.cut_after:
+                        return  # the connection drops mid-stream
+                    if '"text_delta"' in event or ('"content": "' in event and '"content": ""' not in event):
+                        texts += 1
+                        entry.setdefault("first_text_at", time.monotonic())
+                        if texts == 1 and reply.hold is not None:
+                            while not reply.hold.wait(0.05):
+                                if server._stopping.is_set():
+                                    return
+            except (BrokenPipeError, ConnectionResetError):
+                return
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
