@@ -14,7 +14,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import require_bwrap
-from tests.fakes.worker_proc import WorkerProc
+from tests.fakes.worker_proc import ROOT, WorkerProc
 from tests.test_examples import example_env, run_example
 
 
@@ -56,3 +56,11 @@ async def test_the_client_example_follows_a_run_and_approves_its_call(
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
     ]
     assert updates == ["decide"], updates  # the approval; no __temporal_workflow_stream_poll
+
+
+def test_the_front_ends_page_shows_the_example_as_it_is() -> None:
+    page = (ROOT / "docs" / "front-ends.md").read_text(encoding="utf-8")
+    section = page.split("## The Python client", 1)[1]
+    shown = section.split("```python\n", 1)[1].split("```", 1)[0]
+    source = (ROOT / "examples" / "client" / "inbox.py").read_text(encoding="utf-8")
+    assert shown.strip() and shown in source, shown  # the whole main(), character for character

@@ -44,7 +44,6 @@ class Shop(BaseHTTPRequestHandler):
         pass
 
 
-# --8<-- [start:client]
 async def main(run_id: str, shop: str) -> None:
     settings = Settings.from_env()
     agents = AgentClient(
@@ -69,9 +68,6 @@ async def main(run_id: str, shop: str) -> None:
     for entry in await agents.transcript(run.workflow_id):
         if entry["kind"] == "tool_call":
             print(f"tool call: {entry['name']} ok={entry['ok']}")
-
-
-# --8<-- [end:client]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
