@@ -88,7 +88,11 @@ class RunReader:
         return scoped
 
     def stamped(self, inp: AgentInput) -> AgentInput:
-        """``inp`` with this client's tenant (``InvalidRequest`` when it names another)."""
+        """``inp`` with this client's tenant (``InvalidRequest`` when it names another).
+
+        >>> agents.for_tenant("acme").stamped(AgentInput(task="hi")).tenant
+        'acme'
+        """
         if self.tenant is None or inp.tenant == self.tenant:
             return inp
         if inp.tenant:
@@ -101,6 +105,9 @@ class RunReader:
         """The run's handle and description, once it is known to be an agent run this client may see.
 
         ``RunNotFound`` (no such run, or another tenant's), ``NotAnAgentRun`` (another workflow type).
+
+        >>> handle, desc = await agents.run("readme-1")
+        >>> desc.status, desc.task_queue
         """
         handle, desc = await describe_run(self.client, workflow_id)
         if self.tenant is not None and not await self._is_mine(desc):
@@ -225,6 +232,9 @@ class RunReader:
         """The run's state name and, while it runs, its status query answer (``NoAnswer`` when none comes).
 
         A closed run's state is the agent's (``cancelled``, ``failed`` ...), not Temporal's ``completed``.
+
+        >>> state, view = await agents.running_view("readme-1")
+        >>> view.pending_approvals if view else state
         """
         handle, desc = await self.run(workflow_id)
         if desc.status != WorkflowExecutionStatus.RUNNING:

@@ -133,7 +133,11 @@ class AgentClient(Forking):
         sender: str = "",
         start: AgentInput | None = None,
     ) -> SessionSend:
-        """:meth:`send`, saying also whether the message started or woke the session."""
+        """:meth:`send`, saying also whether the message started or woke the session.
+
+        >>> sent = await agents.send_session("support-42", "hi", start=AgentInput(session=SessionSpec()))
+        >>> sent.started, sent.woke, sent.result.seq
+        """
         try:
             message = SessionMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
         except ValidationError as exc:
@@ -174,7 +178,11 @@ class AgentClient(Forking):
         task_queue: str | None = None,
         summary: str | None = None,
     ) -> SendResult:
-        """The ``send`` update itself (with start when ``start``), no check first: :meth:`send` checks."""
+        """The ``send`` update itself (with start when ``start``), no check first: :meth:`send` checks.
+
+        >>> message = SessionMessage(message_id="m7", text="hi")
+        >>> await agents.deliver("support-42", message, start=AgentInput(session=SessionSpec()))
+        """
         try:
             if start is None:
                 handle = self.client.get_workflow_handle(session_id)
@@ -260,7 +268,11 @@ class AgentClient(Forking):
         return page.runs, page.next_page_token
 
     async def list_page(self, *, state: str | None = None, limit: int = 50, page_token: str = "") -> RunPage:
-        """:meth:`list` with how many runs match in all (``total``; None when the server did not say)."""
+        """:meth:`list` with how many runs match in all (``total``; None when the server did not say).
+
+        >>> page = await agents.list_page(limit=10)
+        >>> [r.workflow_id for r in page.runs], page.total
+        """
         query = _listing.list_query(state, None) + _listing.tenant_clause(self.tenant)
         try:
             listed = await _listing.list_page(self.client, query, limit, _listing.decode_token(page_token))

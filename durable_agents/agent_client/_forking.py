@@ -56,7 +56,11 @@ class Forking(Approvals):
     """Transcripts, forks and rewinds (see :class:`AgentClient`)."""
 
     async def read_transcript(self, workflow_id: str) -> Transcript:
-        """The run's conversation with what reading it cost (histories, events, bytes): :meth:`transcript`'s source."""
+        """The run's conversation with what reading it cost (histories, events, bytes): :meth:`transcript`'s source.
+
+        >>> read = await agents.read_transcript("support-42")
+        >>> len(read.entries), read.executions, read.history_bytes
+        """
         await self.run(workflow_id)
         return await read_transcript(self.client, workflow_id)
 
@@ -83,6 +87,9 @@ class Forking(Approvals):
 
         ``NoSuchStep`` when the source has fewer complete steps, ``InvalidRequest`` when step ``step``'s
         workspace was not checkpointed or the fork's input is invalid.
+
+        >>> plan = await agents.plan_fork("readme-1", step=2)
+        >>> plan.input.fork, plan.task_queue
         """
         handle, desc = await describe_at(self.client, workflow_id, run_id)
         check_agent_run(desc)
@@ -115,7 +122,10 @@ class Forking(Approvals):
         )
 
     async def start_fork(self, plan: ForkPlan, *, new_id: str | None = None, reuse_id: bool = False) -> RunRef:
-        """Start the fork :meth:`plan_fork` planned (``AgentForkOf`` set when the namespace has it)."""
+        """Start the fork :meth:`plan_fork` planned (``AgentForkOf`` set when the namespace has it).
+
+        >>> ref = await agents.start_fork(plan, new_id="readme-1-retry")
+        """
         inp = self.stamped(plan.input)
         assert inp.fork is not None
         workflow_id = new_id or plan.default_id()
