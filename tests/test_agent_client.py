@@ -23,6 +23,7 @@ from durable_agents.agent_client import (
     AgentClient,
     DecisionRefused,
     InvalidRequest,
+    MessageRefused,
     NoAnswer,
     NoSuchStep,
     PendingItem,
@@ -322,4 +323,11 @@ async def test_send_transcript_fork_and_rewind(
         assert len(await agents.transcript(session)) == len(entries)  # nothing reached the session
         mine = [event.kind async for event in agents.events(plain.workflow_id)]
         assert mine and mine[-1] == "finished"
-        await agents.cancel(session)
+        with pytest.raises(MessageRefused, match="not_a_session"):
+            await agents.close(plain.workflow_id)
+        with pytest.raises(RunNotFound):
+            await other.close(session)
+        await agents.close(session, reason="done here")
+        assert (await agents.result(session)).status == "completed"
+        with pytest.raises(RunNotOpen, match="has already ended"):
+            await agents.close(session)

@@ -51,7 +51,7 @@ from durable_agents.agent_client._types import (
 from durable_agents.fairness import tenant_priority
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, TENANT
-from workflows.session_types import SendResult, SessionMessage
+from workflows.session_types import CloseSignal, SendResult, SessionMessage
 from workflows.types import AgentInput
 
 
@@ -242,6 +242,28 @@ class AgentClient(Forking):
             yield event
 
     # --- stopping and listing ------------------------------------------------------------------
+
+    async def close(self, session_id: str, *, reason: str = "") -> None:
+        """End a session after its current step (a later :meth:`send` with ``start`` wakes it again).
+
+        ``MessageRefused`` when the run is not a session, ``RunNotOpen`` (its ``state`` how) when it has
+        already ended.
+
+        >>> await agents.close("support-42", reason="resolved")
+        """
+        handle, desc = await self.run(session_id)
+        if not await _is_session(self.client, desc):
+            state = "running" if desc.status == WorkflowExecutionStatus.RUNNING else "ended"
+            raise MessageRefused(
+                f"refused: not_a_session: run {session_id} ({state}) is not a session (a session starts with "
+                '"session": {} in its input)',
+                reason="not_a_session",
+                by_session=True,
+            )
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            state = await ended_state(self.client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
+            raise RunNotOpen(f"session {session_id} has already ended ({state})", state=state)
+        await handle.signal("close", CloseSignal(reason=reason))
 
     async def cancel(self, workflow_id: str, *, reason: str = "") -> None:
         """Ask the run to cancel (its sandbox is cleaned up); ``RunNotOpen`` when it has already ended.

@@ -32,6 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
+from durable_agents.agent_client._errors import RunNotOpen
 from durable_agents.cli.common import (
     EXIT_RUN,
     EXIT_USAGE,
@@ -56,7 +57,6 @@ from workflows.agent import AgentWorkflow
 from workflows.session_types import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGE_ID_CHARS,
-    CloseSignal,
     SessionSpec,
 )
 from workflows.types import AgentInput, StatusView
@@ -120,11 +120,6 @@ async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescri
     return desc
 
 
-async def is_session(client: Client, workflow_id: str, run_id: str | None) -> bool:
-    inp = await started_input(client, workflow_id, run_id)
-    return inp is not None and inp.session is not None
-
-
 @dataclass(frozen=True)
 class SessionRow:
     """What ``list`` shows of a run as a session."""
@@ -168,14 +163,6 @@ def session_marker(row: dict[str, Any]) -> str:
         return ""
     count = row.get("messages")
     return "  [session]" if count is None else f"  [session, {count} message{'s' if count != 1 else ''}]"
-
-
-def _not_a_session(workflow_id: str, desc: WorkflowExecutionDescription) -> CliError:
-    state = "running" if desc.status == WorkflowExecutionStatus.RUNNING else "ended"
-    return CliError(
-        f'refused: not_a_session: run {workflow_id} ({state}) is not a session (a session starts with "session": {{}}'
-        " in its input)"
-    )
 
 
 @client_errors
@@ -268,18 +255,14 @@ async def _follow(client: Client, workflow_id: str, seq: int) -> None:
             return
 
 
+@client_errors
 async def cmd_close(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id: str = args.workflow_id
-    desc = await _describe(client, workflow_id)
-    if desc is None:
-        raise CliError(f"no run with id {workflow_id!r}")
-    if not await is_session(client, workflow_id, desc.run_id):
-        raise _not_a_session(workflow_id, desc)
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        print(f"session {workflow_id} has already ended ({await _ended(client, desc)}); nothing to close")
+    try:
+        await agent_client(client, settings).close(workflow_id, reason=args.reason)
+    except RunNotOpen as err:
+        print(f"session {workflow_id} has already ended ({err.state}); nothing to close")
         return 0
-    handle = client.get_workflow_handle(workflow_id)
-    await handle.signal("close", CloseSignal(reason=args.reason))
     print(
         f"close sent to session {workflow_id}: it ends after its current step (a send wakes it again; "
         f"its conversation: {cli_command(f'transcript {workflow_id}')})"
