@@ -45,6 +45,11 @@ OLD_PATHS = {
     "RetryableProviderError": "activities.models",
     "FatalProviderError": "activities.models",
     "exit_process": "durable_agents.client",
+    "AgentClient": "durable_agents.agent_client",
+    "AgentClientError": "durable_agents.agent_client",
+    "RunNotFound": "durable_agents.agent_client",
+    "EventCursor": "durable_agents.agent_client",
+    "RunEvent": "durable_agents.agent_client",
 }
 
 
@@ -71,6 +76,14 @@ def test_every_public_name_is_the_object_of_its_old_path() -> None:
     assert set(durable_agents.__all__) <= set(dir(durable_agents))
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         _ = durable_agents.Nope
+
+
+def test_every_client_error_is_an_agent_client_error() -> None:
+    errors = [getattr(durable_agents, name) for name in durable_agents.__all__]
+    errors = [e for e in errors if isinstance(e, type) and issubclass(e, Exception) and e.__module__.startswith(
+        "durable_agents.agent_client")]  # fmt: skip
+    assert {e.__name__ for e in errors} >= {"RunNotFound", "DecisionRefused", "NoAnswer", "RunExists", "RunNotOpen"}
+    assert all(issubclass(e, durable_agents.AgentClientError) for e in errors), errors
 
 
 def test_the_package_is_typed_and_ships_its_marker() -> None:

@@ -42,8 +42,6 @@ from workflows.progress import PENDING_APPROVALS
 from workflows.types import DecisionKind, PendingApproval, StatusView
 
 Resolution = Literal["retry", "mark_done", "fail"]
-# A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
-_ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
 
 class Approvals(RunReader):
@@ -74,6 +72,9 @@ class Approvals(RunReader):
 
         Warnings (a run no worker answers for, a queue nobody polls, a namespace without the
         ``AgentPendingApprovals`` attribute unless ``note_fallback`` is false) go to ``warn``.
+
+        >>> page = await agents.pending_page(limit=20)
+        >>> len(page.items), page.more, page.next_page_token
         """
         page = PendingPage(items=[])
         if workflow_id:
@@ -161,6 +162,9 @@ class Approvals(RunReader):
         ``RunNotOpen`` when the run is not running, ``DecisionRefused`` when the run lists the id as
         a sub-agent's that does not (a forged or out-of-date report), ``AgentClientError`` when no
         entry, or more than one, takes ``decision`` and no id was given.
+
+        >>> item = await agents.find_approval("readme-1")  # the one call it waits for
+        >>> item.workflow_id, item.approval_id, item.tool, item.args
         """
         # A decision waits longer than a glance at the status: a worker that just restarted replays the run
         # first. With no worker polling at all, the answer still comes at once.

@@ -9,7 +9,7 @@ exist, is the same ``RunNotFound``, so an id of another tenant's run does not le
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from pydantic import SecretStr
 from temporalio.client import (
@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 
 from durable_agents.agent_client._errors import (
     AgentClientError,
+    InvalidRequest,
     NoAnswer,
     RunNotFound,
     RunNotOpen,
@@ -48,9 +49,8 @@ from durable_agents.agent_client._types import (
 )
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, TENANT
 from workflows.run_failure import result_of_failure
-from workflows.types import AgentResult, StatusView
+from workflows.types import AgentInput, AgentResult, StatusView
 
-Resolution = Literal["retry", "mark_done", "fail"]
 # A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
 _ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
@@ -87,12 +87,27 @@ class RunReader:
         scoped.tenant = tenant
         return scoped
 
+    def stamped(self, inp: AgentInput) -> AgentInput:
+        """``inp`` with this client's tenant (``InvalidRequest`` when it names another).
+
+        >>> agents.for_tenant("acme").stamped(AgentInput(task="hi")).tenant
+        'acme'
+        """
+        if self.tenant is None or inp.tenant == self.tenant:
+            return inp
+        if inp.tenant:
+            raise InvalidRequest(f"the input names tenant {inp.tenant!r}, not this client's ({self.tenant!r})")
+        return inp.model_copy(update={"tenant": self.tenant})
+
     # --- reading a run ----------------------------------------------------------------
 
     async def run(self, workflow_id: str) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
         """The run's handle and description, once it is known to be an agent run this client may see.
 
         ``RunNotFound`` (no such run, or another tenant's), ``NotAnAgentRun`` (another workflow type).
+
+        >>> handle, desc = await agents.run("readme-1")
+        >>> desc.status, desc.task_queue
         """
         handle, desc = await describe_run(self.client, workflow_id)
         if self.tenant is not None and not await self._is_mine(desc):
@@ -217,6 +232,9 @@ class RunReader:
         """The run's state name and, while it runs, its status query answer (``NoAnswer`` when none comes).
 
         A closed run's state is the agent's (``cancelled``, ``failed`` ...), not Temporal's ``completed``.
+
+        >>> state, view = await agents.running_view("readme-1")
+        >>> view.pending_approvals if view else state
         """
         handle, desc = await self.run(workflow_id)
         if desc.status != WorkflowExecutionStatus.RUNNING:

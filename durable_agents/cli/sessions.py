@@ -22,20 +22,17 @@ from typing import Any
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
-    WithStartWorkflowOperation,
     WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
+from durable_agents.agent_client._errors import RunNotOpen
 from durable_agents.cli.common import (
     EXIT_RUN,
     EXIT_USAGE,
@@ -43,8 +40,10 @@ from durable_agents.cli.common import (
     QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
+    agent_client,
     check_agent_run,
     cli_command,
+    client_errors,
     closed_result,
     ended_state,
     following,
@@ -58,9 +57,6 @@ from workflows.agent import AgentWorkflow
 from workflows.session_types import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGE_ID_CHARS,
-    CloseSignal,
-    SendResult,
-    SessionMessage,
     SessionSpec,
 )
 from workflows.types import AgentInput, StatusView
@@ -124,11 +120,6 @@ async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescri
     return desc
 
 
-async def is_session(client: Client, workflow_id: str, run_id: str | None) -> bool:
-    inp = await started_input(client, workflow_id, run_id)
-    return inp is not None and inp.session is not None
-
-
 @dataclass(frozen=True)
 class SessionRow:
     """What ``list`` shows of a run as a session."""
@@ -174,51 +165,27 @@ def session_marker(row: dict[str, Any]) -> str:
     return "  [session]" if count is None else f"  [session, {count} message{'s' if count != 1 else ''}]"
 
 
-def _not_a_session(workflow_id: str, desc: WorkflowExecutionDescription) -> CliError:
-    state = "running" if desc.status == WorkflowExecutionStatus.RUNNING else "ended"
-    return CliError(
-        f'refused: not_a_session: run {workflow_id} ({state}) is not a session (a session starts with "session": {{}}'
-        " in its input)"
-    )
-
-
+@client_errors
 async def cmd_send(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id: str = args.workflow_id
-    message = SessionMessage(
-        message_id=args.message_id or uuid.uuid4().hex, text=read_message(args.text), sender=args.sender
-    )
+    text = read_message(args.text)
+    message_id = args.message_id or uuid.uuid4().hex
+    agents = agent_client(client, settings)
     desc = await _describe(client, workflow_id)
-    ended = desc is not None and desc.status != WorkflowExecutionStatus.RUNNING
-    if desc is not None and ended and not await is_session(client, workflow_id, desc.run_id):
-        raise _not_a_session(workflow_id, desc)
     task_queue = desc.task_queue if desc is not None else settings.temporal.task_queue
-    on_interrupt(
-        f"message {message.message_id} may or may not have been taken: see {cli_command(f'status {workflow_id}')}"
-    )
-    start = WithStartWorkflowOperation(
-        AgentWorkflow.run,
-        AgentInput(session=SessionSpec()),
-        id=workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    on_interrupt(f"message {message_id} may or may not have been taken: see {cli_command(f'status {workflow_id}')}")
     watchdog = asyncio.ensure_future(warn_when_no_worker(client, workflow_id, task_queue, doing=WAITING))
     try:
-        answer: SendResult = await client.execute_update_with_start_workflow(
-            "send", message, start_workflow_operation=start, result_type=SendResult
+        sent = await agents.send_session(
+            workflow_id, text, message_id=message_id, sender=args.sender, start=AgentInput(session=SessionSpec())
         )
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "MessageRefused":
-            raise CliError(f"refused: {cause.message}") from None
-        raise CliError(f"session {workflow_id} did not take the message: {cause or err}") from None
     finally:
         watchdog.cancel()
-    if desc is None:
-        print(f"started session {workflow_id} on task queue {task_queue}")
-    elif desc.status != WorkflowExecutionStatus.RUNNING:
-        print(f"woke session {workflow_id} (it had ended: {await _ended(client, desc)})")
+    answer = sent.result
+    if sent.started:
+        print(f"started session {workflow_id} on task queue {sent.task_queue}")
+    elif sent.woke:
+        print(f"woke session {workflow_id} (it had ended: {sent.woke})")
     print(f"accepted: message {answer.seq}" + (" (sent before: the same message)" if answer.duplicate else ""))
     sys.stdout.flush()
     code = 0
@@ -288,18 +255,14 @@ async def _follow(client: Client, workflow_id: str, seq: int) -> None:
             return
 
 
+@client_errors
 async def cmd_close(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id: str = args.workflow_id
-    desc = await _describe(client, workflow_id)
-    if desc is None:
-        raise CliError(f"no run with id {workflow_id!r}")
-    if not await is_session(client, workflow_id, desc.run_id):
-        raise _not_a_session(workflow_id, desc)
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        print(f"session {workflow_id} has already ended ({await _ended(client, desc)}); nothing to close")
+    try:
+        await agent_client(client, settings).close(workflow_id, reason=args.reason)
+    except RunNotOpen as err:
+        print(f"session {workflow_id} has already ended ({err.state}); nothing to close")
         return 0
-    handle = client.get_workflow_handle(workflow_id)
-    await handle.signal("close", CloseSignal(reason=args.reason))
     print(
         f"close sent to session {workflow_id}: it ends after its current step (a send wakes it again; "
         f"its conversation: {cli_command(f'transcript {workflow_id}')})"
