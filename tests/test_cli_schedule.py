@@ -17,7 +17,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from durable_agents.agent_client._schedules import ScheduleInfo, Schedules
+from durable_agents import AgentClient, ScheduleInfo
 from durable_agents.cli.common import parse
 from durable_agents.cli.main import build_parser
 from tests.conftest import WorkerFactory
@@ -52,7 +52,7 @@ async def listed(cli: Cli, name: str) -> dict[str, Any]:
     return await eventually(check, f"schedule list shows {name}")
 
 
-async def ended(schedules: Schedules, name: str, count: int) -> ScheduleInfo:
+async def ended(schedules: AgentClient, name: str, count: int) -> ScheduleInfo:
     async def check() -> ScheduleInfo | None:
         info = await schedules.schedule_describe(name)
         return info if info.actions >= count and not info.running else None
@@ -67,7 +67,7 @@ async def test_create_list_trigger_pause_unpause_delete_and_their_exit_codes(
     name = new_name()
     async with run_worker(dev_env.client, runtime) as tq:
         cli = Cli(dev_env.client, tq)
-        schedules = Schedules(dev_env.client, task_queue=tq)
+        schedules = AgentClient(dev_env.client, task_queue=tq)
         created = await cli("schedule", "create", name, "--cron", YEARLY, "--task", "good morning", "--tenant", "acme")
         assert created.returncode == 0, created.stderr
         assert created.stdout.startswith(f"created schedule {name} ({YEARLY}): an agent run at each firing"), created
@@ -109,7 +109,7 @@ async def test_a_session_schedule_made_on_the_command_line_sends_its_message_at_
     name, session_id = new_name(), f"cs-{uuid.uuid4().hex[:10]}"
     async with run_worker(dev_env.client, runtime) as tq:
         cli = Cli(dev_env.client, tq)
-        schedules = Schedules(dev_env.client, task_queue=tq)
+        schedules = AgentClient(dev_env.client, task_queue=tq)
         created = await cli("schedule", "create", name, "--cron", YEARLY, "--session", session_id, "--message", "hi")
         assert created.returncode == 0, created.stderr
         assert f"session {session_id} at each firing" in created.stdout, created.stdout

@@ -19,12 +19,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
+from durable_agents import AgentClient
 from durable_agents.agent_client._schedules import (
     InvalidSchedule,
     ScheduleExists,
     ScheduleInfo,
     ScheduleNotFound,
-    Schedules,
     check_cron,
 )
 from tests.conftest import WorkerFactory, replay_task_queue
@@ -65,7 +65,7 @@ async def runs_of(client: Client, info: ScheduleInfo) -> list[tuple[str, Workflo
     return [(wf.id, wf.status) async for wf in client.list_workflows(query)]
 
 
-async def fired(schedules: Schedules, name: str, count: int) -> ScheduleInfo:
+async def fired(schedules: AgentClient, name: str, count: int) -> ScheduleInfo:
     """The schedule once ``count`` runs have been started and none of them is open."""
 
     async def check() -> ScheduleInfo | None:
@@ -117,7 +117,7 @@ async def test_a_task_schedule_fires_twice_by_itself_and_its_runs_carry_its_tena
     llm.default = model
     name = new_name()
     async with run_worker(dev_env.client, runtime) as tq:
-        acme = Schedules(dev_env.client, task_queue=tq, tenant="acme")
+        acme = AgentClient(dev_env.client, task_queue=tq, tenant="acme")
         created = await acme.schedule_create(name, cron="@every 2s", task="say hi", model="openai:test-model")
         assert created.kind == "task" and created.tenant == "acme" and created.task == "say hi", created
         assert created.schedule_id == f"agent-schedule-{name}" and created.next_runs, created
@@ -148,7 +148,7 @@ async def test_overlap_skips_a_firing_while_the_previous_run_waits_for_an_approv
     llm.default = model
     name = new_name()
     async with run_worker(dev_env.client, runtime) as tq:
-        schedules = Schedules(dev_env.client, task_queue=tq)
+        schedules = AgentClient(dev_env.client, task_queue=tq)
         info = await schedules.schedule_create(name, cron=YEARLY, task="post it")
         try:
             await schedules.schedule_trigger(name)
@@ -174,7 +174,7 @@ async def test_overlap_skips_a_firing_while_the_previous_run_waits_for_an_approv
         assert (await handle.result()).status == "cancelled"
 
 
-async def _skipped(schedules: Schedules, name: str) -> ScheduleInfo | None:
+async def _skipped(schedules: AgentClient, name: str) -> ScheduleInfo | None:
     info = await schedules.schedule_describe(name)
     return info if info.skipped_overlap >= 1 else None
 
@@ -185,9 +185,9 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
     llm.default = model
     name = new_name()
     async with run_worker(dev_env.client, runtime) as tq:
-        acme = Schedules(dev_env.client, task_queue=tq, tenant="acme")
-        beta = Schedules(dev_env.client, task_queue=tq, tenant="beta")
-        admin = Schedules(dev_env.client, task_queue=tq)
+        acme = AgentClient(dev_env.client, task_queue=tq, tenant="acme")
+        beta = AgentClient(dev_env.client, task_queue=tq, tenant="beta")
+        admin = AgentClient(dev_env.client, task_queue=tq)
         with pytest.raises(InvalidSchedule, match="scoped to tenant 'acme'"):
             await acme.schedule_create(name, cron=YEARLY, task="x", tenant="beta")
         with pytest.raises(InvalidSchedule, match="bad schedule name"):
@@ -232,11 +232,11 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
         await acme.schedule_delete(born_paused.name)
 
 
-async def _named(schedules: Schedules, name: str) -> ScheduleInfo | None:
+async def _named(schedules: AgentClient, name: str) -> ScheduleInfo | None:
     return next((i for i in await schedules.schedule_list() if i.name == name), None)
 
 
-async def _ended_runs(schedules: Schedules, name: str, count: int) -> ScheduleInfo | None:
+async def _ended_runs(schedules: AgentClient, name: str, count: int) -> ScheduleInfo | None:
     info = await schedules.schedule_describe(name)
     return info if info.actions >= count and not info.running else None
 
@@ -247,7 +247,7 @@ async def test_a_session_schedule_sends_its_message_each_time_and_never_to_anoth
     llm.default = model
     name, session_id = new_name(), f"ss-{uuid.uuid4().hex[:10]}"
     async with run_worker(dev_env.client, runtime) as tq:
-        acme = Schedules(dev_env.client, task_queue=tq, tenant="acme")
+        acme = AgentClient(dev_env.client, task_queue=tq, tenant="acme")
         info = await acme.schedule_create(name, cron=YEARLY, session=session_id, message="morning report")
         assert info.kind == "session" and info.session == session_id and info.message == "morning report", info
         try:

@@ -3,7 +3,7 @@
 Everything a front end does to a run goes through here: start it, send a session a message,
 read its status and pending approvals, decide them (signed when a key is configured), follow its
 events (progress and streamed model text, resumable from a cursor), read its transcript, fork,
-rewind, cancel, list. One exception hierarchy (``AgentClientError``).
+rewind, cancel, list, and manage schedules. One exception hierarchy (``AgentClientError``).
 """
 
 from durable_agents.agent_client._client import AgentClient
@@ -21,6 +21,13 @@ from durable_agents.agent_client._errors import (
 from durable_agents.agent_client._events import DeltaSource
 from durable_agents.agent_client._forking import ForkPlan
 from durable_agents.agent_client._history import NoSuchStep
+from durable_agents.agent_client._schedules import (
+    InvalidSchedule,
+    ScheduleExists,
+    ScheduleInfo,
+    ScheduleNotFound,
+    ScheduleRun,
+)
 from durable_agents.agent_client._transcript import Entry as TranscriptEntry
 from durable_agents.agent_client._transcript import Transcript
 from durable_agents.agent_client._types import (
@@ -45,6 +52,7 @@ __all__ = [
     "EventCursor",
     "ForkPlan",
     "InvalidRequest",
+    "InvalidSchedule",
     "MessageRefused",
     "NoAnswer",
     "NoSuchStep",
@@ -59,6 +67,10 @@ __all__ = [
     "RunPage",
     "RunRef",
     "RunSummary",
+    "ScheduleExists",
+    "ScheduleInfo",
+    "ScheduleNotFound",
+    "ScheduleRun",
     "SessionSend",
     "Transcript",
     "TranscriptEntry",

@@ -244,18 +244,27 @@ class Approvals(RunReader):
         if edit is not None and arguments is None:
             base = approval.edited_args if approval is not None and approval.edited_args is not None else None
             arguments = {**(base if base is not None else approval.args if approval is not None else {}), **edit}
+        expires_at = approval.expires_at if approval is not None else ""
         signature = signature_of(
             self.approval_key,
             approval_id,
             kind,
             reviewer,
-            approval.expires_at if approval is not None else "",
+            expires_at,
             arguments=arguments,
             text=text,
             remember=remember,
         )
         request = decide_request(
-            approval_id, kind, reviewer, note, signature, text=text, arguments=arguments, remember=remember
+            approval_id,
+            kind,
+            reviewer,
+            note,
+            signature,
+            text=text,
+            arguments=arguments,
+            remember=remember,
+            signed_expires_at=expires_at if signature else "",
         )
         return await send_decision(self.client, owner, request)
 

@@ -39,6 +39,7 @@ from durable_agents.agent_client._reading import (
     started_input,
     temporal_state,
 )
+from durable_agents.agent_client._schedules import ScheduleMethods
 from durable_agents.agent_client._starting import start_agent_run, static_details, static_summary
 from durable_agents.agent_client._types import (
     EventCursor,
@@ -55,7 +56,7 @@ from workflows.session_types import CloseSignal, SendResult, SessionMessage
 from workflows.types import AgentInput
 
 
-class AgentClient(Forking):
+class AgentClient(Forking, ScheduleMethods):
     """A typed client over a Temporal ``Client``.
 
     ``tenant`` (optional) scopes every call: runs of another tenant are ``RunNotFound`` and

@@ -47,8 +47,12 @@ def decide_request(
     text: str = "",
     arguments: dict[str, Any] | None = None,
     remember: str = "",
+    signed_expires_at: str = "",
 ) -> DecideRequest:
-    """The ``decide`` update's payload; a value the run would refuse (too long, ...) is ``InvalidRequest``."""
+    """The ``decide`` update's payload; a value the run would refuse (too long, ...) is ``InvalidRequest``.
+
+    ``signed_expires_at`` names the expires_at the signature was made over (``workflows.types.SignedExpiry``).
+    """
     try:
         return DecideRequest.model_validate(
             {
@@ -60,6 +64,7 @@ def decide_request(
                 "text": text,
                 "arguments": arguments,
                 "remember": remember,
+                "signed_expires_at": signed_expires_at,
             }
         )
     except ValidationError as exc:

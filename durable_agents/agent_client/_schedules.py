@@ -448,15 +448,6 @@ def _run(result: ScheduleActionResult) -> ScheduleRun:
     )
 
 
-class Schedules(ScheduleMethods):
-    """The schedule methods on their own, over a Temporal ``Client`` (``AgentClient`` has the same ones)."""
-
-    def __init__(self, client: Client, *, task_queue: str = "agent-tasks", tenant: str | None = None) -> None:
-        self.client = client
-        self.task_queue = task_queue
-        self.tenant = tenant
-
-
 __all__ = [
     "InvalidSchedule",
     "ScheduleExists",
@@ -464,7 +455,6 @@ __all__ = [
     "ScheduleMethods",
     "ScheduleNotFound",
     "ScheduleRun",
-    "Schedules",
     "check_cron",
     "schedule_id",
 ]

@@ -17,12 +17,12 @@ from typing import Any
 from temporalio.client import Client
 
 from activities.settings import Settings
+from durable_agents.agent_client import AgentClient
 from durable_agents.agent_client._schedules import (
     InvalidSchedule,
     ScheduleExists,
     ScheduleInfo,
     ScheduleNotFound,
-    Schedules,
     check_cron,
     check_name,
 )
@@ -92,8 +92,8 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
             command.add_argument("--note", default="", help="why (shown with the schedule, also in the UI)")
 
 
-def schedules(client: Client, settings: Settings) -> Schedules:
-    return Schedules(client, task_queue=settings.temporal.task_queue)
+def schedules(client: Client, settings: Settings) -> AgentClient:
+    return AgentClient(client, task_queue=settings.temporal.task_queue)
 
 
 async def cmd_schedule(client: Client, args: argparse.Namespace, settings: Settings) -> int:
@@ -124,7 +124,7 @@ async def cmd_schedule(client: Client, args: argparse.Namespace, settings: Setti
     return EXIT_OK
 
 
-async def _create(agents: Schedules, args: argparse.Namespace, settings: Settings) -> int:
+async def _create(agents: AgentClient, args: argparse.Namespace, settings: Settings) -> int:
     if args.model:
         check_model(args.model, settings)
     message = read_message(args.message) if args.message is not None else None
@@ -149,7 +149,7 @@ def _list_command() -> str:
     return cli_command("schedule list")
 
 
-async def _list(agents: Schedules, args: argparse.Namespace) -> int:
+async def _list(agents: AgentClient, args: argparse.Namespace) -> int:
     infos = await agents.schedule_list()
     if args.json:
         print_json([info.model_dump(mode="json") for info in infos])

@@ -20,13 +20,21 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from durable_agents import AgentResult, SendResult, Settings, StatusView, connect, exit_process
-from durable_agents.agent_client._schedules import ScheduleInfo, Schedules
+from durable_agents import (
+    AgentClient,
+    AgentResult,
+    ScheduleInfo,
+    SendResult,
+    Settings,
+    StatusView,
+    connect,
+    exit_process,
+)
 
 WEEKDAYS_AT_NINE = "0 9 * * 1-5"
 
 
-async def fired_once(schedules: Schedules, name: str, within_s: float = 120.0) -> ScheduleInfo:
+async def fired_once(schedules: AgentClient, name: str, within_s: float = 120.0) -> ScheduleInfo:
     """The schedule once the run its trigger started has ended."""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
@@ -53,7 +61,7 @@ async def replied(session: WorkflowHandle[Any, Any], seq: int, within_s: float =
 async def main(name: str) -> None:
     settings = Settings.from_env()
     client: Client = await connect(settings.temporal, keyring=settings.encryption.keyring)
-    schedules = Schedules(client, task_queue=settings.temporal.task_queue)
+    schedules = AgentClient(client, task_queue=settings.temporal.task_queue)
 
     task = await schedules.schedule_create(name, cron=WEEKDAYS_AT_NINE, task="Good morning: what should I check first?")
     nine = all(at[11:16] == "09:00" for at in task.next_runs)
