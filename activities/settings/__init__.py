@@ -35,11 +35,11 @@ from types import MappingProxyType
 from pydantic import SecretStr
 
 from activities.settings.parts import (
-    ApiSettings,
     DEFAULT_CODEC_ORIGINS,
     DEFAULT_STATE_DIR,
     DEFAULT_UID_BASE,
     RUN_MAX_FACTOR,
+    ApiSettings,
     CheckpointSettings,
     E2BConfig,
     EncryptionSettings,

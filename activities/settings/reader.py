@@ -14,9 +14,9 @@ from pydantic import SecretStr, ValidationError
 
 from activities.crypto.keyring import KeyRing
 from activities.settings.parts import (
-    ApiSettings,
     DEFAULT_CODEC_ORIGINS,
     DEFAULT_UID_BASE,
+    ApiSettings,
     E2BConfig,
     EncryptionSettings,
     LocalLimits,

@@ -94,6 +94,8 @@ from durable_agents.cli.runs import (
 )
 from durable_agents.cli.sandboxes import add_command as add_sandboxes_command
 from durable_agents.cli.sandboxes import cmd_sandboxes
+from durable_agents.cli.serve import add_command as add_serve_command
+from durable_agents.cli.serve import cmd_serve
 from durable_agents.cli.sessions import add_close_command, add_send_command, cmd_close, cmd_send
 from durable_agents.cli.tools import add_command as add_tools_command
 from durable_agents.cli.tools import cmd_tools
@@ -127,6 +129,7 @@ COMMANDS: dict[str, Command] = {
     "transcript": cmd_transcript,
     "chat": cmd_chat,
     "forget": cmd_forget,
+    "serve": cmd_serve,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -166,6 +169,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_tools_command(sub)
     add_memory_command(sub)
     add_codec_command(sub)
+    add_serve_command(sub)
     return parser
 
 
