@@ -86,7 +86,7 @@ class ServeProcess:
         *,
         insecure_local: bool = False,
         host: str = "127.0.0.1",
-        **env: str,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.log = log
         self._out = log.open("wb")
@@ -98,7 +98,7 @@ class ServeProcess:
                 "TEMPORAL_ADDRESS": address,
                 "AGENT_TASK_QUEUE": task_queue,
                 **({"AGENT_API_TOKENS_FILE": str(tokens_file)} if tokens_file else {}),
-                **env,
+                **(env or {}),
             },
             cwd=ROOT,
             stdout=self._out,
