@@ -108,6 +108,7 @@ bench: venv bwrap mcp-servers
 	$(PY) -m bench.regex_isolation --repeat 7
 	$(PY) -m bench.codec_latency --samples 50
 	$(PY) -m bench.cli_tools --repeat 7
+	$(PY) -m bench.sse_fanout --clients 200 --turns 20
 	$(PY) -m bench.memory_search --entries 100000 --queries 200
 
 clean: stop
