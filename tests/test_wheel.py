@@ -326,13 +326,15 @@ def test_the_wheel_holds_durable_agents_alone(wheel: Path) -> None:
         assert f"durable_agents/{moved}" in names
     for package in ("", "workflows/", "activities/"):
         assert f"durable_agents/{package}py.typed" in names
+    for page in ("index.html", "inbox.js", "inbox.css"):  # the approval inbox starter.py serve serves
+        assert f"durable_agents/api/inbox/{page}" in names
     assert "durable-agents = durable_agents.cli.entry:main" in entry_points
     assert "durable-agents-worker = durable_agents.cli.entry:worker_main" in entry_points
     requires = [
         line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist")
     ]
     extras = {"e2b": "e2b", "psycopg": "postgres", "psycopg-pool": "postgres", "mcp": "mcp"}
-    extras.update(starlette="server", uvicorn="server")
+    extras.update(starlette="server", uvicorn="server", fastapi="server")
     for library, extra in extras.items():
         (line,) = [r for r in requires if re.match(r"[\w.-]+", r).group() == library]  # type: ignore[union-attr]
         assert line.endswith(f'; extra == "{extra}"'), line
