@@ -42,7 +42,7 @@ async def cmd_serve(client: Client, args: argparse.Namespace, settings: Settings
     from activities.extras import require
 
     for module in ("fastapi", "uvicorn"):
-        require(module, "server", "starter.py serve")
+        require(module, "server", "the HTTP API")
     from durable_agents.agent_client import AgentClient
     from durable_agents.api.app import bind, create_app, server
     from durable_agents.api.tokens import TokenError, TokenRegistry
