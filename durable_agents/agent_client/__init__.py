@@ -3,23 +3,28 @@
 Everything a front end does to a run goes through here: start it, send a session a message,
 read its status and pending approvals, decide them (signed when a key is configured), follow its
 events (progress and streamed model text, resumable from a cursor), read its transcript, fork,
-rewind, cancel, list, and manage schedules. One exception hierarchy (``AgentClientError``).
+rewind, cancel, list. One exception hierarchy (``AgentClientError``).
 """
 
 from durable_agents.agent_client._client import AgentClient
 from durable_agents.agent_client._errors import (
     AgentClientError,
     DecisionRefused,
+    InvalidRequest,
     NoAnswer,
     NotAnAgentRun,
     RunExists,
     RunNotFound,
+    RunNotOpen,
 )
 from durable_agents.agent_client._types import (
     Decision,
     EventCursor,
     PendingItem,
+    PendingPage,
+    RunDescription,
     RunEvent,
+    RunPage,
     RunRef,
     RunSummary,
 )
@@ -30,12 +35,17 @@ __all__ = [
     "Decision",
     "DecisionRefused",
     "EventCursor",
+    "InvalidRequest",
     "NoAnswer",
     "NotAnAgentRun",
     "PendingItem",
+    "PendingPage",
+    "RunDescription",
     "RunEvent",
     "RunExists",
     "RunNotFound",
+    "RunNotOpen",
+    "RunPage",
     "RunRef",
     "RunSummary",
 ]

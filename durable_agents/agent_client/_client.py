@@ -1,51 +1,108 @@
 """``AgentClient``: every operation a front end performs on runs, over a Temporal ``Client``.
 
-INTERFACE STUB (issue 26): the signatures below are the contract the CLI, the HTTP API and the
-schedules code are written against; the bodies are filled in on the i26-client branch.
+The CLI (``durable_agents/cli/``) is argparse and rendering over it; the HTTP API makes one per
+request, scoped to its token's tenant (:meth:`AgentClient.for_tenant`). It keeps no state of its
+own: everything it answers comes from the Temporal server and the runs' queries.
+
+Tenant scoping: a client with ``tenant`` set sees a run only when the run is that tenant's, by its
+input (``AgentInput.tenant`` in the started event, which no worker is needed to read) and by its
+``AgentTenant`` search attribute when set (both must agree). Any other run, and a run that does not
+exist, is the same ``RunNotFound``, so an id of another tenant's run does not leak.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
-from temporalio.client import Client
+from temporalio.client import (
+    WorkflowExecutionStatus,
+)
+from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agents.agent_client._types import Decision, EventCursor, PendingItem, RunEvent, RunRef, RunSummary
+import durable_agents.agent_client._listing as _listing
+from durable_agents.agent_client._approvals import Approvals
+from durable_agents.agent_client._errors import (
+    InvalidRequest,
+    RunNotOpen,
+)
+from durable_agents.agent_client._reading import (
+    bounded,
+    ended_state,
+    temporal_state,
+)
+from durable_agents.agent_client._starting import start_agent_run, static_details, static_summary
+from durable_agents.agent_client._types import (
+    EventCursor,
+    RunEvent,
+    RunPage,
+    RunRef,
+    RunSummary,
+)
+from workflows.progress import MODEL, TENANT
 from workflows.session_types import SendResult
-from workflows.types import AgentInput, AgentResult, StatusView
+from workflows.types import AgentInput
+
+Resolution = Literal["retry", "mark_done", "fail"]
+# A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
+_ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
 
-class AgentClient:
+class AgentClient(Approvals):
     """A typed client over a Temporal ``Client``.
 
     ``tenant`` (optional) scopes every call: runs of another tenant are ``RunNotFound`` and
     ``list``/``pending`` show only the tenant's runs, and ``start``/``send`` stamp it on the input.
-    ``approval_key`` signs decisions for workers that require signed decisions.
+    ``approval_key`` signs decisions for workers that require signed decisions. ``warn`` receives
+    the one-line warnings of calls that read many runs (a run no worker answered for; default: dropped).
+
+    >>> agents = AgentClient(await Client.connect("localhost:7233"), task_queue="agent-tasks")
+    >>> ref = await agents.start(AgentInput(task="say hello"))
+    >>> (await agents.result(ref.workflow_id)).output
     """
 
-    def __init__(
+    # --- starting ---------------------------------------------------------------------
+
+    async def start(
         self,
-        client: Client,
+        inp: AgentInput,
         *,
-        task_queue: str = "agent-tasks",
-        tenant: str | None = None,
-        approval_key: SecretStr | None = None,
-        store_url: str = "",
-    ) -> None:
-        self.client = client
-        self.task_queue = task_queue
-        self.tenant = tenant
-        self.approval_key = approval_key
-        self.store_url = store_url
+        workflow_id: str | None = None,
+        reuse_id: bool = False,
+        summary: str | None = None,
+        details: str | None = None,
+        what: str = "run",
+    ) -> RunRef:
+        """Start a run of ``inp`` (an id ``agent-<hex>`` unless ``workflow_id``); answers its ids.
 
-    def for_tenant(self, tenant: str) -> AgentClient:
-        """The same client scoped to ``tenant`` (the API makes one per request's token)."""
-        raise NotImplementedError
+        A scoped client stamps its tenant on the input and refuses (``InvalidRequest``) one naming
+        another. ``RunExists`` when the id is taken (a closed run's too, unless ``reuse_id``).
 
-    async def start(self, inp: AgentInput, *, workflow_id: str | None = None, reuse_id: bool = False) -> RunRef:
-        raise NotImplementedError
+        >>> ref = await agents.start(AgentInput(task="summarise README.md"), workflow_id="readme-1")
+        >>> ref.workflow_id, ref.run_id
+        """
+        inp = self.stamped(inp)
+        wid = workflow_id or f"agent-{uuid.uuid4().hex[:12]}"
+        handle = await start_agent_run(
+            self.client,
+            inp,
+            wid,
+            self.task_queue,
+            summary=static_summary(inp) if summary is None else summary,
+            details=static_details(inp) if details is None else details,
+            what=what,
+            reuse_id=reuse_id,
+        )
+        return RunRef(workflow_id=wid, run_id=handle.result_run_id or "")
+
+    def stamped(self, inp: AgentInput) -> AgentInput:
+        """``inp`` with this client's tenant (``InvalidRequest`` when it names another)."""
+        if self.tenant is None or inp.tenant == self.tenant:
+            return inp
+        if inp.tenant:
+            raise InvalidRequest(f"the input names tenant {inp.tenant!r}, not this client's ({self.tenant!r})")
+        return inp.model_copy(update={"tenant": self.tenant})
 
     async def send(
         self,
@@ -59,36 +116,7 @@ class AgentClient:
         """Send a session a message; with ``start`` the session is started with it when missing."""
         raise NotImplementedError
 
-    async def status(self, workflow_id: str) -> StatusView:
-        raise NotImplementedError
-
-    async def result(self, workflow_id: str) -> AgentResult:
-        """Wait for the run (following continue-as-new) and answer its result."""
-        raise NotImplementedError
-
-    async def pending(
-        self, workflow_id: str | None = None, *, limit: int = 100, page_token: str = ""
-    ) -> tuple[list[PendingItem], str]:
-        """Pending approvals and questions of one run (and its sub-agents) or of all open runs;
-        the second value is the next page's token ("" when there is none)."""
-        raise NotImplementedError
-
-    async def decide(
-        self,
-        workflow_id: str,
-        approval_id: str,
-        decision: Decision,
-        *,
-        reviewer: str,
-        comment: str = "",
-        reason: str = "",
-        arguments: dict[str, Any] | None = None,
-        text: str = "",
-        remember: str = "",
-    ) -> str:
-        """Decide an approval (``arguments``: approve an edited call; ``text``: answer a question).
-        Answers what took effect in one line; ``DecisionRefused`` when the run refused it."""
-        raise NotImplementedError
+    # --- events, transcript, fork -----------------------------------------------------------
 
     def events(self, workflow_id: str, *, after: EventCursor | None = None) -> AsyncIterator[RunEvent]:
         """The run's events after ``after`` until it (its last continued run) closes: progress
@@ -106,10 +134,61 @@ class AgentClient:
     async def rewind(self, workflow_id: str, *, step: int) -> RunRef:
         raise NotImplementedError
 
+    # --- stopping and listing ------------------------------------------------------------------
+
     async def cancel(self, workflow_id: str, *, reason: str = "") -> None:
-        raise NotImplementedError
+        """Ask the run to cancel (its sandbox is cleaned up); ``RunNotOpen`` when it has already ended.
+
+        >>> await agents.cancel("readme-1", reason="wrong task")
+        """
+        handle, desc = await self.run(workflow_id)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            state = await ended_state(self.client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
+            raise RunNotOpen(f"run {workflow_id} has already ended: {state}", state=state)
+        await handle.cancel(reason=reason)
 
     async def list(
         self, *, state: str | None = None, limit: int = 50, page_token: str = ""
     ) -> tuple[list[RunSummary], str]:
-        raise NotImplementedError
+        """Recent runs (open ones, then the latest closed), this client's tenant's only when it is scoped;
+        the second value is the next page's token ("" at the end). Filtering by ``state`` or tenant needs
+        the ``Agent*`` search attributes (``InvalidRequest`` on a namespace without them).
+
+        >>> runs, token = await agents.list(state="waiting_approval", limit=20)
+        >>> [(r.workflow_id, r.state) for r in runs]
+        """
+        page = await self.list_page(state=state, limit=limit, page_token=page_token)
+        return page.runs, page.next_page_token
+
+    async def list_page(self, *, state: str | None = None, limit: int = 50, page_token: str = "") -> RunPage:
+        """:meth:`list` with how many runs match in all (``total``; None when the server did not say)."""
+        query = _listing.list_query(state, None) + _listing.tenant_clause(self.tenant)
+        try:
+            listed = await _listing.list_page(self.client, query, limit, _listing.decode_token(page_token))
+        except RPCError as err:
+            if err.status != RPCStatusCode.INVALID_ARGUMENT or not (state or self.tenant is not None):
+                raise
+            raise InvalidRequest(
+                f"this namespace cannot filter by --state/--tenant ({err.message}); register the Agent* search "
+                "attributes (see docs/operations.md)"
+            ) from None
+        executions = listed.runs
+        concurrency = _listing.QUERY_CONCURRENCY
+        states = await bounded((_listing.agent_state(self.client, wf) for wf in executions), concurrency)
+        sessions = await bounded((_listing.session_of(self.client, wf) for wf in executions), concurrency)
+        runs = [
+            RunSummary(
+                workflow_id=wf.id,
+                run_id=wf.run_id or "",
+                state=session.state or agent_state,
+                execution_status=temporal_state(wf.status),
+                tenant=wf.typed_search_attributes.get(TENANT) or "",
+                model=wf.typed_search_attributes.get(MODEL) or "",
+                started_at=wf.start_time.isoformat(timespec="seconds"),
+                closed_at=wf.close_time.isoformat(timespec="seconds") if wf.close_time else "",
+                session=session.session,
+                messages=session.messages,
+            )
+            for wf, agent_state, session in zip(executions, states, sessions, strict=True)
+        ]
+        return RunPage(runs=runs, next_page_token=_listing.encode_token(listed.next_page_token), total=listed.total)

@@ -16,7 +16,11 @@ class NotAnAgentRun(AgentClientError):
 
 
 class RunExists(AgentClientError):
-    """A run with this id exists (open, or closed without ``reuse_id``)."""
+    """A run with this id exists (open, or closed without ``reuse_id``: then ``closed`` is true)."""
+
+    def __init__(self, message: str, *, closed: bool = False) -> None:
+        super().__init__(message)
+        self.closed = closed
 
 
 class DecisionRefused(AgentClientError):
@@ -25,3 +29,15 @@ class DecisionRefused(AgentClientError):
 
 class NoAnswer(AgentClientError):
     """The run did not answer in time (no worker polls its task queue, or the worker is busy)."""
+
+
+class InvalidRequest(AgentClientError, ValueError):
+    """A value the run would refuse (too long, malformed, another tenant's input): nothing was sent."""
+
+
+class RunNotOpen(AgentClientError):
+    """The run has ended (or cannot take this request in its state): ``state`` says how it ended."""
+
+    def __init__(self, message: str, *, state: str = "") -> None:
+        super().__init__(message)
+        self.state = state

@@ -7,9 +7,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from workflows.progress import ProgressEvent
-from workflows.types import PendingApproval
+from workflows.types import AgentResult, PendingApproval, StatusView
 
-Decision = Literal["approve", "reject", "answer", "resolve"]
+# ``resolve`` answers an unknown outcome with ``resolution=``; ``retry``/``mark_done``/``fail`` name it directly.
+Decision = Literal["approve", "reject", "answer", "resolve", "retry", "mark_done", "fail"]
 
 
 class RunRef(BaseModel):
@@ -17,6 +18,14 @@ class RunRef(BaseModel):
 
     workflow_id: str
     run_id: str
+
+
+class PendingItem(PendingApproval):
+    """A pending approval or question, with the run to decide it on (``GET /v1/approvals``)."""
+
+    # PendingApproval.workflow_id names a sub-agent's run for relayed entries; here it is always
+    # the run that owns the approval, the one a decision goes to.
+    via: str = ""  # the run it was found under (asked for by id), when that is not the owner: a sub-agent's
 
 
 class RunSummary(BaseModel):
@@ -30,13 +39,46 @@ class RunSummary(BaseModel):
     started_at: str = ""  # ISO 8601
     closed_at: str = ""
     session: bool = False
+    messages: int | None = None  # a session's messages so far (None: not known)
+    execution_status: str = ""  # Temporal's word for it: running, completed, failed, terminated, ...
 
 
-class PendingItem(PendingApproval):
-    """A pending approval or question, with the run to decide it on (``GET /v1/approvals``)."""
+class RunPage(BaseModel):
+    """One page of ``list_page``: the runs, the next page's token ("" at the end), and how many match
+    in all (None: the server did not say)."""
 
-    # PendingApproval.workflow_id names a sub-agent's run for relayed entries; here it is always
-    # the run that owns the approval, the one a decision goes to.
+    runs: list[RunSummary]
+    next_page_token: str = ""
+    total: int | None = None
+
+
+class PendingPage(BaseModel):
+    """One page of ``pending_page``: the pending entries and what a front end says about the rest."""
+
+    items: list[PendingItem]
+    next_page_token: str = ""
+    more: int = 0  # waiting runs beyond this page
+    unanswered: int = 0  # listed runs whose worker did not answer (each one warned about)
+    state: str = ""  # for one run: its state (a closed run's is how it ended)
+
+
+class RunDescription(BaseModel):
+    """Everything ``status`` knows of a run, whether or not a worker answers (the CLI's ``status``)."""
+
+    workflow_id: str
+    run_id: str = ""
+    execution_status: str = ""  # Temporal's word: running, completed, failed, terminated, timed_out, ...
+    state: str = ""  # the agent's (a closed run's outcome; a running run's recorded state without a worker)
+    view: StatusView | None = None  # a running run's status query answer
+    result: AgentResult | None = None  # a closed run's result (returned, or in its workflow's failure)
+    error: str = ""  # why a run without a result ended (its failure)
+    no_answer: str = ""  # a running run no worker answered for: why ("no worker answered: ...")
+    # What the server recorded without a worker (a running run no worker answered for).
+    task_queue: str = ""
+    started_at: str = ""  # ISO 8601, seconds
+    pending_approval_count: int | None = None
+    model: str = ""
+    cost_usd: float | None = None
 
 
 class EventCursor(BaseModel):

@@ -16,7 +16,6 @@ the command. On a namespace without the attribute it asks every running run inst
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from datetime import timedelta
@@ -26,48 +25,30 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.client import (
     Client,
-    RPCTimeoutOrCancelledError,
     WorkflowExecution,
-    WorkflowExecutionDescription,
-    WorkflowExecutionStatus,
-    WorkflowHandle,
-    WorkflowQueryFailedError,
 )
-from temporalio.service import RPCError, RPCStatusCode
 
+import durable_agents.agent_client._listing as _listing
 from activities.settings import Settings
+from durable_agents.agent_client._client import AgentClient
+from durable_agents.agent_client._errors import AgentClientError
+from durable_agents.agent_client._types import PendingItem
 from durable_agents.cli.approval_text import deciding, edited_lines, pending_lines, pending_row
 from durable_agents.cli.common import (
     EXIT_USAGE,
-    QUERY_TIMEOUT,
     QUICK_QUERY_TIMEOUT,
-    VISIBILITY_PAGE,
     CliError,
-    NoAnswer,
-    ask_status,
-    bounded,
-    describe_run,
-    ended_state,
-    list_runs,
-    no_answer_reason,
-    no_worker_line,
-    poller_count,
+    agent_client,
+    cli_error,
+    client_errors,
     positive_int,
-    raise_if_cancelled,
-    start_worker_hint,
+    warn,
 )
 from durable_agents.cli.decisions import Decision, Extras, decide_request, edit_object, send_decision
-from durable_agents.cli.owners import Owned, owned, tree, unconfirmed
-from workflows.agent import AgentWorkflow
-from workflows.approvals import DECISIONS
+from durable_agents.cli.owners import Owned
 from workflows.policy import parse_run_policy
-from workflows.progress import PENDING_APPROVALS
-from workflows.types import StatusView
+from workflows.types import PendingApproval, StatusView
 
-RUNNING_AGENTS = "WorkflowType = 'AgentWorkflow' AND ExecutionStatus = 'Running'"
-WAITING_AGENTS = f"{RUNNING_AGENTS} AND {PENDING_APPROVALS.name} > 0"
-DECIDE_TIMEOUT = timedelta(seconds=30)
-QUERY_CONCURRENCY = 16  # status queries in flight at once while `pending` reads many runs
 PENDING_LIMIT = 100  # waiting runs `pending` shows by default (it says how many more wait)
 
 
@@ -168,126 +149,34 @@ def load_run_policy(path: str | None) -> dict[str, Any]:
 async def running_view(
     client: Client, workflow_id: str, *, query_timeout: timedelta = QUICK_QUERY_TIMEOUT
 ) -> tuple[str, StatusView | None]:
-    """The run's state name and, while it runs, its status query answer (``CliError`` when none comes).
-
-    A closed run's state is the agent's (``cancelled``, ``failed`` ...), not Temporal's ``completed``.
-    """
-    handle, desc = await describe_run(client, workflow_id)
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        return await ended_state(client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes), None
-    view = await query_status(client, handle, desc, query_timeout=query_timeout)
-    return view.state, view
-
-
-async def query_status(
-    client: Client,
-    handle: WorkflowHandle[Any, Any],
-    desc: WorkflowExecutionDescription,
-    *,
-    query_timeout: timedelta = QUICK_QUERY_TIMEOUT,
-) -> StatusView:
+    """``AgentClient.running_view``: the run's state name and, while it runs, its status query answer
+    (``CliError`` when none comes). A closed run's state is the agent's, not Temporal's ``completed``."""
     try:
-        return await ask_status(client, handle, desc, query_timeout=query_timeout)
-    except NoAnswer as err:
-        pending = desc.typed_search_attributes.get(PENDING_APPROVALS)
-        recorded = f"; it last recorded {pending} pending approval(s)" if pending is not None else ""
-        raise CliError(f"run {handle.id} is running but {err}{recorded}") from None
-
-
-async def _view_or_none(client: Client, workflow_id: str) -> StatusView | None:
-    try:
-        return (await running_view(client, workflow_id))[1]
-    except CliError as err:
-        print(f"warning: {err}", file=sys.stderr)
-        return None
-
-
-async def waiting_runs(client: Client, limit: int) -> tuple[list[WorkflowExecution], int, bool]:
-    """The first ``limit`` runs that may wait for a decision, how many there are in all, and whether
-    the attribute said so.
-
-    By the ``AgentPendingApprovals`` search attribute the workflow keeps current: one
-    listing call (per ``VISIBILITY_PAGE`` waiting runs). On a namespace that does not
-    know the attribute (the server rejects the query), every running ``AgentWorkflow``,
-    all pages (their status queries then tell which ones wait).
-    """
-    try:
-        runs, total = await list_runs(client, WAITING_AGENTS, limit, page_size=VISIBILITY_PAGE)
-    except RPCError as err:
-        if err.status != RPCStatusCode.INVALID_ARGUMENT:
-            raise
-    else:
-        return runs, len(runs) if total is None else total, True
-    everyone = await _workflows(client, RUNNING_AGENTS)
-    return everyone, len(everyone), False
-
-
-async def _workflows(client: Client, query: str) -> list[WorkflowExecution]:
-    found: dict[str, WorkflowExecution] = {}
-    async for wf in client.list_workflows(query):  # no limit: the iterator reads every page
-        found.setdefault(wf.id, wf)
-    return list(found.values())
+        return await AgentClient(client).running_view(workflow_id, query_timeout=query_timeout)
+    except AgentClientError as err:
+        raise cli_error(err) from None
 
 
 async def listed_view(client: Client, wf: WorkflowExecution) -> StatusView | None:
-    """A listed run's status query answer: one query RPC, under ``QUICK_QUERY_TIMEOUT``.
-
-    No answer is a warning on stderr naming the run and why (from what the server
-    knows without a worker), and None: one stuck run costs seconds, not the command.
-    """
-    handle = client.get_workflow_handle(wf.id)
-    try:
-        async with asyncio.timeout(QUICK_QUERY_TIMEOUT.total_seconds() + 1):  # in case the RPC overstays
-            view = await handle.query(AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT)
-        return StatusView.model_validate(view)
-    except WorkflowQueryFailedError as err:
-        reason = f"its worker could not answer: {err}"
-    except (RPCError, RPCTimeoutOrCancelledError, TimeoutError):
-        raise_if_cancelled()
-        reason = await _why_no_answer(client, wf.id)
-    pending = wf.typed_search_attributes.get(PENDING_APPROVALS)
-    recorded = f"; it last recorded {pending} pending approval(s)" if pending is not None else ""
-    print(f"warning: run {wf.id} is running but {reason}{recorded}", file=sys.stderr)
-    return None
-
-
-async def _why_no_answer(client: Client, workflow_id: str) -> str:
-    try:
-        _, desc = await describe_run(client, workflow_id)
-        return await no_answer_reason(client, desc, waited=QUICK_QUERY_TIMEOUT)
-    except (CliError, RPCError, RPCTimeoutOrCancelledError):
-        raise_if_cancelled()
-        return f"no worker answered within {QUICK_QUERY_TIMEOUT.seconds} s"
+    """A listed run's status query answer, or None with a warning on stderr saying why it did not come."""
+    return await _listing.listed_view(client, wf, warn)
 
 
 # --- commands ------------------------------------------------------------------------
 
 
+@client_errors
 async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    """Each approval as the run that waits for it lists it: every run of each tree is asked for its own
-    (``durable_agents.cli.owners``); what a parent relays from its sub-agents is never shown as such."""
-    more, unanswered = 0, 0
-    if args.workflow_id:
-        state, view = await running_view(client, args.workflow_id)
-        views = [(args.workflow_id, view)]
-    else:
-        views, more = await _waiting_views(client, args.limit, quiet_fallback=args.json)
-        unanswered = sum(1 for _, view in views if view is None)
-    found: dict[tuple[str, str], Owned] = {}
-    asked: set[str] = set()
-    for workflow_id, view in views:
-        if view is None or workflow_id in asked:  # a sub-agent the search attribute listed too: once
-            continue
-        runs = await tree(client, workflow_id, view)
-        asked.update(wid for wid, _ in runs)
-        mine = owned(runs, workflow_id)
-        for key, entry in mine.items():
-            found.setdefault(key, entry)
-        for warning in unconfirmed(runs, mine):
-            print(warning, file=sys.stderr)
-    rows = [pending_row(entry) for entry in found.values()]
+    """Each approval as the run that waits for it lists it (``AgentClient.pending_page``): every run of each
+    tree is asked for its own; what a parent relays from its sub-agents is never shown as such."""
+    limit = getattr(args, "limit", PENDING_LIMIT)  # callers that build the namespace by hand may leave it out
+    page = await agent_client(client, settings).pending_page(
+        args.workflow_id or None, limit=limit, note_fallback=not args.json
+    )
+    rows = [pending_row(_owned(item)) for item in page.items]
+    more = page.more
     more_line = (
-        f"... and {more} more run(s) waiting for approvals (--limit {args.limit + more} shows them all)" if more else ""
+        f"... and {more} more run(s) waiting for approvals (--limit {limit + more} shows them all)" if more else ""
     )
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -301,65 +190,35 @@ async def cmd_pending(client: Client, args: argparse.Namespace, settings: Settin
     if rows or more_line:
         return 0
     if args.workflow_id:
-        print(f"run {args.workflow_id} has no pending approvals ({state})")
-    elif unanswered:
-        print(f"no run that answered waits for an approval; {unanswered} run(s) did not answer (see above)")
+        print(f"run {args.workflow_id} has no pending approvals ({page.state})")
+    elif page.unanswered:
+        print(f"no run that answered waits for an approval; {page.unanswered} run(s) did not answer (see above)")
     else:
         print("no running run waits for an approval")
     return 0
 
 
-async def _waiting_views(
-    client: Client, limit: int, *, quiet_fallback: bool = False
-) -> tuple[list[tuple[str, StatusView | None]], int]:
-    """The status of the first ``limit`` runs that wait, and how many more wait.
-
-    Runs on a task queue no worker polls are not asked, but counted. Without the
-    search attribute every running run is asked (today's only way to tell) and
-    the first ``limit`` that wait are kept.
-    """
-    runs, total, by_attribute = await waiting_runs(client, limit)
-    if not by_attribute and not quiet_fallback:
-        print(
-            f"note: the namespace has no {PENDING_APPROVALS.name} search attribute, so every running run "
-            f"({len(runs)}) is asked (register the Agent* attributes: see docs/operations.md)",
-            file=sys.stderr,
-        )
-    queues = sorted({wf.task_queue for wf in runs})
-    pollers = dict(zip(queues, await asyncio.gather(*(poller_count(client, q) for q in queues)), strict=True))
-    asked = [wf for wf in runs if pollers[wf.task_queue] != 0]
-    for queue in queues:
-        if pollers[queue] == 0:
-            count = sum(1 for wf in runs if wf.task_queue == queue)
-            what = "wait(s) for approvals" if by_attribute else "may wait for approvals"
-            print(
-                f"warning: {count} run(s) on task queue {queue} {what}, but {no_worker_line(queue)} "
-                f"to show them ({start_worker_hint(queue)})",
-                file=sys.stderr,
-            )
-    found = await bounded((listed_view(client, wf) for wf in asked), QUERY_CONCURRENCY)
-    views = [(wf.id, view) for wf, view in zip(asked, found, strict=True)]
-    if by_attribute:
-        return views, total - len(runs)
-    waiting: list[tuple[str, StatusView | None]] = [
-        (wid, view) for wid, view in views if view and view.pending_approvals
-    ]
-    unanswered = [(wid, view) for wid, view in views if view is None]
-    return waiting[:limit] + unanswered, max(len(waiting) - limit, 0)
+def _owned(item: PendingItem) -> Owned:
+    """The client's entry as the CLI's rows and lines take it: the owner's own entry, and the run it was found under."""
+    approval = PendingApproval.model_validate(item.model_dump(exclude={"workflow_id", "via"}))
+    return Owned(item.workflow_id, approval, item.via)
 
 
+@client_errors
 async def cmd_approve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     # Callers that build the namespace by hand (tests, embedding code) may leave the newer options out.
     extras = Extras(edit=getattr(args, "edit", None), remember=getattr(args, "remember", None) or "")
     return await decide_command(client, args, settings, "approve", args.comment, extras)
 
 
+@client_errors
 async def cmd_reject(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     if not args.reason.strip():
         raise CliError("reject needs a non-empty --reason (the model is told why)", code=EXIT_USAGE)
     return await decide_command(client, args, settings, "reject", args.reason)
 
 
+@client_errors
 async def cmd_resolve(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     return await decide_command(client, args, settings, args.resolution, args.comment)
 
@@ -383,36 +242,14 @@ async def decide_command(
         args.approval_id or "ap_0", decision, reviewer, note, "", text=extras.text, arguments=extras.edit,
         remember=extras.remember,
     )  # fmt: skip
-    # A decision waits longer than a glance at the status: a worker that just restarted replays the run
-    # first. With no worker polling at all, the answer still comes at once.
-    state, view = await running_view(client, workflow_id, query_timeout=QUERY_TIMEOUT)
-    if view is None:
-        raise CliError(f"run {workflow_id} is not running ({state}); there is nothing to {decision}")
-    # Each run of the tree is asked for its own approvals: what a parent relays is never signed.
-    runs = await tree(client, workflow_id, view)
-    pending = {key[1]: entry for key, entry in reversed(owned(runs, workflow_id).items())}
-    takes = {aid: e for aid, e in pending.items() if decision in DECISIONS.get(e.approval.kind, ())}
-    if args.approval_id:
-        approval_id = args.approval_id
-    elif not takes:
-        raise CliError(f"run {workflow_id} has no pending approvals" + (" to " + decision if pending else ""))
-    elif len(takes) > 1:
-        raise CliError(f"run {workflow_id} has {len(takes)} pending approvals; name one of: {', '.join(takes)}")
-    else:
-        approval_id = next(iter(takes))
-    found = pending.get(approval_id)
+    found = await agent_client(client, settings).find_approval(workflow_id, args.approval_id or "", decision=decision)
     if found is None:
-        relayed = {a.approval_id: a.workflow_id for a in view.pending_approvals if a.workflow_id}
-        if approval_id in relayed:
-            raise CliError(
-                f"refused: run {relayed[approval_id]} does not wait for approval {approval_id} (run {workflow_id} "
-                "lists it as that run's: a forged or out-of-date report); nothing was signed or sent"
-            )
         # Pending nowhere in the tree: sent unsigned-for-nothing, so the run itself says why it is refused.
-        owner, approval = workflow_id, None
+        owner, approval_id, approval = workflow_id, args.approval_id, None
     else:
-        owner, approval = found.workflow_id, found.approval
-        print(deciding(decision, found), flush=True)
+        owned_entry = _owned(found)
+        owner, approval_id, approval = found.workflow_id, found.approval_id, owned_entry.approval
+        print(deciding(decision, owned_entry), flush=True)
         if extras.edit is not None:
             print("\n".join(edited_lines(approval, extras.edit)), flush=True)
     line = await send_decision(

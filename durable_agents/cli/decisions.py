@@ -1,9 +1,9 @@
 """Sending one decision to the run that waits for it, and saying what the run answered.
 
 Every decision of the CLI (``approve``, ``reject``, ``resolve``, ``answer``, and the
-prompts of ``run --follow`` and ``chat``) goes through :func:`send_decision`: the
-``decide`` update, so the caller learns at once whether it took effect (a refusal
-comes back with the run's reason). With ``AGENT_APPROVAL_KEY`` set
+prompts of ``run --follow`` and ``chat``) goes through :func:`send_decision`, that is
+``AgentClient.decide``: the ``decide`` update, so the caller learns at once whether it
+took effect (a refusal comes back with the run's reason). With ``AGENT_APPROVAL_KEY`` set
 (``settings.approval_key``) the decision is signed
 (``workflows.identity.decision_signature``), the signature covering what it carries
 besides the verdict (:func:`workflows.identity.signed_extras`: an edit's arguments
@@ -16,44 +16,28 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-from pydantic import SecretStr, ValidationError
-from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from pydantic import SecretStr
+from temporalio.client import Client
 
+from durable_agents.agent_client._client import AgentClient
+from durable_agents.agent_client._decisions import decide_request as _decide_request
+from durable_agents.agent_client._errors import AgentClientError
+from durable_agents.agent_client._types import PendingItem
 from durable_agents.cli.common import (
-    EXIT_USAGE,
-    CliError,
     cli_command,
-    describe_run,
+    cli_error,
     interrupt_state,
-    no_answer_reason,
     not_utf8,
     on_interrupt,
-    raise_if_cancelled,
     restore_interrupt,
 )
-from workflows.agent import AgentWorkflow
 from workflows.call_view import call_head
-from workflows.identity import decision_signature, signed_extras
-from workflows.types import DecideRequest, DecideResult, PendingApproval
+from workflows.types import DecideRequest, DecisionKind, PendingApproval
 
-Decision = Literal["approve", "reject", "retry", "mark_done", "fail", "answer"]
-DECIDE_TIMEOUT = timedelta(seconds=30)
+Decision = DecisionKind
 QUESTION_HEAD_CHARS = 80  # of a question's text in the one line an answer prints
-# DecideRequest fields → the arguments that set them
-_DECISION_FIELDS = {
-    "approval_id": "the approval id",
-    "reviewer": "--reviewer",
-    "comment": "--comment or --reason",
-    "signature": "the signature",
-    "text": "the answer",
-    "arguments": "--edit",
-    "remember": "--remember",
-}
 _PROGRESS = re.compile(r"\((\d+)/(\d+)\); waiting for more reviewers")
 
 
@@ -114,22 +98,11 @@ def decide_request(
 ) -> DecideRequest:
     """The ``decide`` update's payload; a value the run would refuse (too long, ...) is a one-line usage error."""
     try:
-        return DecideRequest.model_validate(
-            {
-                "approval_id": approval_id,
-                "decision": decision,
-                "reviewer": reviewer,
-                "comment": note,
-                "signature": signature,
-                "text": text,
-                "arguments": arguments,
-                "remember": remember,
-            }
+        return _decide_request(
+            approval_id, decision, reviewer, note, signature, text=text, arguments=arguments, remember=remember
         )
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "decision"
-        raise CliError(f"{_DECISION_FIELDS.get(field, field)}: {first['msg']}", code=EXIT_USAGE) from None
+    except AgentClientError as err:
+        raise cli_error(err) from None
 
 
 async def send_decision(
@@ -144,60 +117,36 @@ async def send_decision(
     approval_key: SecretStr | None,
     extras: Extras | None = None,
 ) -> str:
-    """Send one decision by the ``decide`` update; what to print when it took effect (one line or a
+    """Send one decision by ``AgentClient.decide``; what to print when it took effect (one line or a
     few: a quorum's progress, what was remembered or why not), else ``CliError``.
 
     With an ``approval_key`` the decision is signed (for workers that require signed decisions).
     """
     extras = extras or Extras()
-    arguments = extras.arguments(approval)
-    key = approval_key.get_secret_value() if approval_key is not None else ""
-    expires_at = approval.expires_at if approval else ""
-    covers = signed_extras(arguments, text=extras.text, remember=extras.remember)
-    signature = decision_signature(key.encode(), approval_id, decision, reviewer, expires_at, covers) if key else ""
-    request = decide_request(
-        approval_id,
-        decision,
-        reviewer,
-        note,
-        signature,
-        text=extras.text,
-        arguments=arguments,
-        remember=extras.remember,
-    )
-    handle = client.get_workflow_handle(workflow_id)
+    agents = AgentClient(client, approval_key=approval_key)
+    item = PendingItem.model_validate({**approval.model_dump(), "workflow_id": workflow_id}) if approval else None
     before = interrupt_state()  # run --follow's reattach note, restored once the decision is answered
     on_interrupt(
         f"the {decision} decision may or may not have reached run {workflow_id}: see "
         + cli_command(f"pending {workflow_id}")
     )
     try:
-        # cast: the SDK's overloads type an update decorated with a validator as returning a coroutine
-        result = cast(
-            DecideResult,
-            await handle.execute_update(AgentWorkflow.decide_update, request, rpc_timeout=DECIDE_TIMEOUT),
+        message = await agents.decide(
+            workflow_id,
+            approval_id,
+            decision,
+            reviewer=reviewer,
+            comment=note,
+            arguments=extras.arguments(approval),
+            text=extras.text,
+            remember=extras.remember,
+            approval=item,
         )
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        reason = cause.message if isinstance(cause, ApplicationError) else str(cause)
-        raise CliError(f"refused: {reason}") from None
-    except RPCTimeoutOrCancelledError:
-        raise_if_cancelled()
-        _, desc = await describe_run(client, workflow_id)
-        reason = await no_answer_reason(client, desc, waited=DECIDE_TIMEOUT)
-        raise CliError(
-            f"run {workflow_id}: no answer to the decision ({reason}); it may still take effect: "
-            f"see {cli_command(f'pending {workflow_id}')}"
-        ) from None
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no running run with id {workflow_id!r}") from None
-        raise
+    except AgentClientError as err:
+        raise cli_error(err) from None
     finally:
         restore_interrupt(before)
-    if not result.accepted:
-        raise CliError(f"refused: {result.message}")
-    return outcome_text(decision, approval_id, reviewer, note, approval, result.message, extras)
+    return outcome_text(decision, approval_id, reviewer, note, approval, message, extras)
 
 
 def outcome_text(

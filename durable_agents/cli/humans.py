@@ -29,7 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.settings import Settings
 from durable_agents.cli.approval_text import remembered_line
 from durable_agents.cli.approvals import decide_command, running_view
-from durable_agents.cli.common import EXIT_USAGE, QUERY_TIMEOUT, CliError, not_utf8, raise_if_cancelled
+from durable_agents.cli.common import EXIT_USAGE, QUERY_TIMEOUT, CliError, client_errors, not_utf8, raise_if_cancelled
 from durable_agents.cli.decisions import Extras
 from workflows.agent import AgentWorkflow
 from workflows.human_types import MAX_ANSWER_CHARS
@@ -71,6 +71,7 @@ def _answer_text(text: str) -> str:
     return text
 
 
+@client_errors
 async def cmd_answer(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     text = _answer_text(args.text)
     decision = argparse.Namespace(
@@ -81,6 +82,7 @@ async def cmd_answer(client: Client, args: argparse.Namespace, settings: Setting
     return await decide_command(client, decision, settings, "answer", "", Extras(text=text))
 
 
+@client_errors
 async def cmd_forget_approvals(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id = args.workflow_id
     reviewer = args.reviewer if args.reviewer is not None else settings.reviewer

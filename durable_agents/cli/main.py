@@ -54,6 +54,7 @@ from temporalio.service import RPCError
 from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import ConfigurationError, Settings
 from durable_agents import logs
+from durable_agents.agent_client._errors import AgentClientError
 from durable_agents.cli.approvals import add_commands as add_approval_commands
 from durable_agents.cli.approvals import cmd_approve, cmd_pending, cmd_reject, cmd_resolve
 from durable_agents.cli.chat import add_command as add_chat_command
@@ -69,6 +70,7 @@ from durable_agents.cli.common import (
     Command,
     Parser,
     check_text_arguments,
+    cli_error,
     interrupt_note,
     lost_note,
     parse,
@@ -194,7 +196,9 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         )
         address = client.service_client.config.target_host
         return await COMMANDS[args.command](client, args, settings)
-    except (CliError, ConfigurationError, TemporalUnavailable) as err:
+    except (CliError, AgentClientError, ConfigurationError, TemporalUnavailable) as err:
+        if isinstance(err, AgentClientError):  # a command that did not map its client's errors itself
+            err = cli_error(err)
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return err.code if isinstance(err, CliError) else EXIT_USAGE
     except PayloadsEncrypted as err:

@@ -13,16 +13,18 @@ from pydantic import ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
-    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
-from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.common import TypedSearchAttributes
+from temporalio.service import RPCError
 
 from activities.settings import Settings
+from durable_agents.agent_client._errors import AgentClientError
+from durable_agents.agent_client._starting import start_agent_run as _start_agent_run
+from durable_agents.agent_client._starting import static_details as static_details
+from durable_agents.agent_client._starting import static_summary as static_summary
 from durable_agents.cli.approvals import add_run_options, load_run_policy
 from durable_agents.cli.common import (
     EXIT_USAGE,
@@ -31,6 +33,7 @@ from durable_agents.cli.common import (
     RPC_TIMEOUT,
     CliError,
     cli_command,
+    cli_error,
     following,
     name_list,
     on_interrupt,
@@ -38,20 +41,16 @@ from durable_agents.cli.common import (
     print_json,
     raise_if_cancelled,
     temporal_lost,
-    temporal_state,
     warn_when_no_worker,
 )
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
 from durable_agents.cli.watch import ASKING, POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
-from durable_agents.fairness import tenant_priority
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
 from workflows.run_failure import result_of_failure
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
 
-SUMMARY_CHARS = 120
-DETAILS_TASK_CHARS = 2000
 DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
 MAX_TASK_BYTES = 1024 * 1024  # a run's input travels in one Temporal payload (2 MB by default)
 WAITING = "keeps waiting (Ctrl-C stops waiting, not the run)"
@@ -251,39 +250,6 @@ class DemoModelNote:
         self.model(model)
 
 
-def static_summary(inp: AgentInput) -> str:
-    """The run list's one line: the task, on one line, trimmed."""
-    task = " ".join(inp.task.split())
-    return task if len(task) <= SUMMARY_CHARS else task[: SUMMARY_CHARS - 1] + "…"
-
-
-def static_details(inp: AgentInput) -> str:
-    """Markdown shown on the run's page: the task, the model and the limits it runs under."""
-    task = inp.task if len(inp.task) <= DETAILS_TASK_CHARS else inp.task[:DETAILS_TASK_CHARS] + "…"
-    limits = inp.limits
-    lines = [
-        "**task**",
-        "",
-        *(f"> {line}" if line else ">" for line in task.splitlines()),
-        "",
-        f"**model** {inp.model or 'the worker default (AGENT_MODEL)'}",
-        "",
-        f"**limits** {limits.max_steps} steps · {limits.max_tokens} tokens · ${limits.max_cost_usd:g}"
-        f" · {limits.timeout_s} s",
-        "",
-        f"**tools** {', '.join(inp.tools) if inp.tools is not None else 'all registered'}",
-    ]
-    if inp.tenant:
-        lines += ["", f"**tenant** {inp.tenant}"]
-    if inp.user:
-        lines += ["", f"**user** {inp.user}"]
-    if inp.approvers:
-        lines += ["", f"**approvers** {', '.join(inp.approvers)}"]
-    if inp.policy:
-        lines += ["", f"**run policy** {len(inp.policy.get('rules', []))} rule(s)"]
-    return "\n".join(lines)
-
-
 async def _follow(
     client: Client,
     handle: WorkflowHandle[Any, AgentResult],
@@ -472,53 +438,22 @@ async def start_agent_run(
     what: str = "run",
     reuse_id: bool = False,
 ) -> WorkflowHandle[Any, Any]:
-    """Start ``AgentWorkflow``; a taken id or a refusal is one ``CliError`` line.
+    """Start ``AgentWorkflow`` (``AgentClient``'s start); a taken id or a refusal is one ``CliError`` line.
 
     An id whose run is running is refused (exit 1); one whose run is closed too (exit 2), unless
-    ``reuse_id`` (``--reuse-id``): then another run starts under it. ``search_attributes`` the
-    namespace does not have are dropped (the run starts without them).
+    ``reuse_id`` (``--reuse-id``): then another run starts under it.
     """
-    policy = WorkflowIDReusePolicy.ALLOW_DUPLICATE if reuse_id else WorkflowIDReusePolicy.REJECT_DUPLICATE
-    while True:
-        try:
-            return await client.start_workflow(
-                AgentWorkflow.run,
-                inp,
-                id=workflow_id,
-                task_queue=task_queue,
-                static_summary=summary,
-                static_details=details,
-                search_attributes=search_attributes,
-                id_reuse_policy=policy,
-                priority=tenant_priority(inp.tenant),
-            )
-        except WorkflowAlreadyStartedError:
-            raise await _taken(client, workflow_id, what) from None
-        except RPCError as err:
-            if err.status == RPCStatusCode.ALREADY_EXISTS:
-                raise CliError(f"a run with id {workflow_id} is already running") from None
-            if err.status == RPCStatusCode.INVALID_ARGUMENT:
-                if search_attributes and "search attribute" in err.message.lower():
-                    search_attributes = TypedSearchAttributes.empty
-                    continue
-                raise CliError(f"Temporal refused to start the {what}: {err.message}", code=EXIT_USAGE) from None
-            raise
-
-
-async def _taken(client: Client, workflow_id: str, what: str) -> CliError:
-    """Why ``workflow_id`` cannot be started: its run is running (exit 1), or closed and not to be reused (exit 2)."""
     try:
-        desc = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
-        status = desc.status
-    except (RPCError, RPCTimeoutOrCancelledError):
-        raise_if_cancelled()
-        status = None
-    if status in (None, WorkflowExecutionStatus.RUNNING):
-        return CliError(
-            f"a run with id {workflow_id} is already running (watch it: {cli_command(f'watch {workflow_id}')})"
+        return await _start_agent_run(
+            client,
+            inp,
+            workflow_id,
+            task_queue,
+            summary=summary,
+            details=details,
+            search_attributes=search_attributes,
+            what=what,
+            reuse_id=reuse_id,
         )
-    return CliError(
-        f"id {workflow_id} was already used by a run that is {temporal_state(status)}; pass --reuse-id to start "
-        f"another {what} under it, or choose another --id",
-        code=EXIT_USAGE,
-    )
+    except AgentClientError as err:
+        raise cli_error(err) from None

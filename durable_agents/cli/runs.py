@@ -16,47 +16,18 @@ import argparse
 import sys
 from typing import Any, get_args
 
-from temporalio.client import (
-    Client,
-    RPCTimeoutOrCancelledError,
-    WorkflowExecution,
-    WorkflowExecutionDescription,
-    WorkflowExecutionStatus,
-    WorkflowFailureError,
-)
-from temporalio.exceptions import TemporalError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
 
-from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
+from durable_agents.agent_client._listing import OPEN_STATES, list_query
+from durable_agents.agent_client._types import RunDescription
 from durable_agents.cli.approval_text import approval_summary, decision_line, remembered_line
-from durable_agents.cli.approvals import QUERY_CONCURRENCY
-from durable_agents.cli.common import (
-    EXIT_USAGE,
-    RPC_TIMEOUT,
-    VISIBILITY_PAGE,
-    CliError,
-    NoAnswer,
-    ask_status,
-    bounded,
-    closed_result,
-    describe_run,
-    ended_state,
-    list_runs,
-    positive_int,
-    print_json,
-    query_literal,
-    raise_if_cancelled,
-    recorded_state,
-    temporal_state,
-)
-from durable_agents.cli.sessions import session_marker, session_of
-from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
+from durable_agents.cli.common import CliError, agent_client, client_errors, positive_int, print_json
+from durable_agents.cli.sessions import session_marker
 from workflows.types import AgentResult, DecisionRecord, PendingApproval, RememberedApproval, RunState
 
 LIST_LIMIT = 50  # runs `list` shows by default (it says how many more there are)
 RUN_STATES: tuple[str, ...] = get_args(RunState)
-OPEN_STATES = ("running", "waiting_approval", "waiting_human")  # recorded by runs that still run
 
 
 def add_status_command(sub: argparse._SubParsersAction[Any]) -> None:
@@ -91,49 +62,23 @@ def _tenant(text: str) -> str:
     return text
 
 
-def list_query(state: str | None, tenant: str | None) -> str:
-    """The visibility query of ``list``: agent runs (not the closed runs a continue-as-new left), filtered.
-
-    Filter values are quoted with :func:`query_literal`: a tenant is user input.
-    A ``running``, ``waiting_approval`` or ``waiting_human`` run is one that still runs (a run that was
-    terminated keeps the state it last recorded).
-    """
-    clauses = ["WorkflowType = 'AgentWorkflow'", "ExecutionStatus != 'ContinuedAsNew'"]
-    if state:
-        clauses.append(f"{STATE.name} = {query_literal(state)}")
-        if state in OPEN_STATES:
-            clauses.append("ExecutionStatus = 'Running'")
-    if tenant:
-        clauses.append(f"{TENANT.name} = {query_literal(tenant)}")
-    return " AND ".join(clauses)
-
-
+@client_errors
 async def cmd_status(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    handle, desc = await describe_run(client, args.workflow_id)
+    described = await agent_client(client, settings).describe(args.workflow_id)
     problem = ""
-    if desc.status == WorkflowExecutionStatus.RUNNING:
-        try:
-            view = await ask_status(client, handle, desc)
-            data = {"workflow_id": args.workflow_id, **view.model_dump()}
-        except NoAnswer as err:
-            data = _recorded(desc)
-            problem = f"run {args.workflow_id} is running but {err}; shown is what the run last recorded"
-    elif desc.status == WorkflowExecutionStatus.COMPLETED:
-        result = await client.get_workflow_handle(args.workflow_id, run_id=desc.run_id, result_type=AgentResult).result(
-            follow_runs=False, rpc_timeout=RPC_TIMEOUT
-        )
-        data = _result_data(args.workflow_id, result)
-    elif desc.status == WorkflowExecutionStatus.FAILED and (
-        failed := await closed_result(client, args.workflow_id, desc.run_id)
-    ):
-        # Started with AGENT_FAIL_WORKFLOW_ON_ERROR=1 and ended failed or limit_exceeded: its result is in the
-        # failure; shown as the same run would be had it completed its workflow.
-        data = _result_data(args.workflow_id, failed)
+    if described.view is not None:
+        data = {"workflow_id": args.workflow_id, **described.view.model_dump()}
+    elif described.no_answer:
+        data = _recorded(described)
+        problem = f"run {args.workflow_id} is running but {described.no_answer}; shown is what the run last recorded"
+    elif described.result is not None:
+        # A run started with AGENT_FAIL_WORKFLOW_ON_ERROR=1 that ended failed or limit_exceeded has its result in
+        # the failure: shown as the same run would be had it completed its workflow.
+        data = _result_data(args.workflow_id, described.result)
     else:
-        data = {"workflow_id": args.workflow_id, "state": temporal_state(desc.status)}
-        reason = await _why_it_ended(client, desc)
-        if reason:
-            data["error"] = reason
+        data = {"workflow_id": args.workflow_id, "state": described.state}
+        if described.error:
+            data["error"] = described.error
     _show(data, args.json)
     if problem:
         raise CliError(problem)
@@ -151,34 +96,19 @@ def _result_data(workflow_id: str, result: AgentResult) -> dict[str, Any]:
     }
 
 
-def _recorded(desc: WorkflowExecutionDescription) -> dict[str, Any]:
+def _recorded(described: RunDescription) -> dict[str, Any]:
     """What the server knows of a running run without a worker: its search attributes and where it runs."""
-    attributes = desc.typed_search_attributes
-    data: dict[str, Any] = {"workflow_id": desc.id, "state": recorded_state(attributes) or "running"}
-    pending = attributes.get(PENDING_APPROVALS)
-    if pending is not None:
-        data["pending_approval_count"] = pending
-    if model := attributes.get(MODEL):
-        data["model"] = model
-    if (cost := attributes.get(COST_USD)) is not None:
-        data["cost_usd"] = cost
-    data["task_queue"] = desc.task_queue
-    data["started"] = desc.start_time.isoformat(timespec="seconds")
+    data: dict[str, Any] = {"workflow_id": described.workflow_id, "state": described.state}
+    if described.pending_approval_count is not None:
+        data["pending_approval_count"] = described.pending_approval_count
+    if described.model:
+        data["model"] = described.model
+    if described.cost_usd is not None:
+        data["cost_usd"] = described.cost_usd
+    data["task_queue"] = described.task_queue
+    data["started"] = described.started_at
     data["answered_by_worker"] = False
     return data
-
-
-async def _why_it_ended(client: Client, desc: WorkflowExecutionDescription) -> str:
-    """The failure of a run that ended without a result (failed, timed out, terminated); empty if none."""
-    handle = client.get_workflow_handle(desc.id, run_id=desc.run_id)
-    try:
-        await handle.result(follow_runs=False, rpc_timeout=RPC_TIMEOUT)
-    except WorkflowFailureError as err:
-        return str(err.cause or err)
-    except (RPCError, RPCTimeoutOrCancelledError, TemporalError):
-        raise_if_cancelled()
-        return ""
-    return ""
 
 
 def _show(data: dict[str, Any], as_json: bool) -> None:
@@ -225,44 +155,33 @@ def _text(key: str, value: Any) -> str:
     return str(value)
 
 
+@client_errors
 async def cmd_cancel(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    handle, desc = await describe_run(client, args.workflow_id)
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        state = await ended_state(client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
-        raise CliError(f"run {args.workflow_id} has already ended: {state}")
-    await handle.cancel()
+    await agent_client(client, settings).cancel(args.workflow_id)
     print(f"cancellation requested for {args.workflow_id}")
     return 0
 
 
+@client_errors
 async def cmd_list(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    query = list_query(args.state, args.tenant)
-    try:
-        executions, total = await list_runs(client, query, args.limit, page_size=min(args.limit, VISIBILITY_PAGE))
-    except RPCError as err:
-        if err.status != RPCStatusCode.INVALID_ARGUMENT or not (args.state or args.tenant):
-            raise
-        raise CliError(
-            f"this namespace cannot filter by --state/--tenant ({err.message}); register the Agent* search "
-            "attributes (see docs/operations.md)",
-            code=EXIT_USAGE,
-        ) from None
-    states = await bounded((_agent_state(client, wf) for wf in executions), QUERY_CONCURRENCY)
-    sessions = await bounded((session_of(client, wf) for wf in executions), QUERY_CONCURRENCY)
+    agents = agent_client(client, settings)
+    if args.tenant:
+        agents = agents.for_tenant(args.tenant)
+    page = await agents.list_page(state=args.state, limit=args.limit)
     rows = [
         {
-            "workflow_id": wf.id,
-            "run_id": wf.run_id,
-            "status": session.state or state,
-            "execution_status": temporal_state(wf.status),
-            "tenant": wf.typed_search_attributes.get(TENANT) or "",
-            "started": wf.start_time.isoformat(timespec="seconds"),
-            "session": session.session,
-            "messages": session.messages,
+            "workflow_id": run.workflow_id,
+            "run_id": run.run_id,
+            "status": run.state,
+            "execution_status": run.execution_status,
+            "tenant": run.tenant,
+            "started": run.started_at,
+            "session": run.session,
+            "messages": run.messages,
         }
-        for wf, state, session in zip(executions, states, sessions, strict=True)
+        for run in page.runs
     ]
-    more = _more_line(len(rows), total)
+    more = _more_line(len(rows), page.total)
     if args.json:
         print_json(rows)
         if more:
@@ -285,11 +204,13 @@ def _more_line(shown: int, total: int | None) -> str:
     return ""
 
 
-async def _agent_state(client: Client, wf: WorkflowExecution) -> str:
-    """The agent's state of a listed run: its ``AgentState`` attribute, else (closed runs) its result."""
-    if wf.status == WorkflowExecutionStatus.RUNNING:
-        return recorded_state(wf.typed_search_attributes) or "running"
-    try:
-        return await ended_state(client, wf.id, wf.run_id, wf.status, wf.typed_search_attributes)
-    except PayloadsEncrypted:  # one run this CLI has no keys for does not stop the listing: Temporal's word for it
-        return temporal_state(wf.status)
+__all__ = [
+    "OPEN_STATES",
+    "add_cancel_command",
+    "add_list_command",
+    "add_status_command",
+    "cmd_cancel",
+    "cmd_list",
+    "cmd_status",
+    "list_query",
+]

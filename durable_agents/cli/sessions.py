@@ -50,6 +50,7 @@ from durable_agents.cli.common import (
     following,
     on_interrupt,
     raise_if_cancelled,
+    started_input,
     warn_when_no_worker,
 )
 from durable_agents.cli.watch import EventPrinter, events, mode_for
@@ -121,21 +122,6 @@ async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescri
         raise
     check_agent_run(desc)
     return desc
-
-
-async def started_input(client: Client, workflow_id: str, run_id: str | None) -> AgentInput | None:
-    """The execution's input (its started event: no worker needed); None when it is not an ``AgentInput``."""
-    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    async for event in handle.fetch_history_events(page_size=1, rpc_timeout=RPC_TIMEOUT):
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        if len(payloads) != 1:
-            return None
-        try:
-            [inp] = await client.data_converter.decode([payloads[0]], [AgentInput])
-        except (ValueError, TypeError, KeyError, RuntimeError):  # a malformed input (the run refused it)
-            return None
-        return inp if isinstance(inp, AgentInput) else None
-    return None
 
 
 async def is_session(client: Client, workflow_id: str, run_id: str | None) -> bool:
