@@ -16,11 +16,15 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 from durable_agents.agent_client import AgentClient
 from durable_agents.api.app import bind, create_app, server
 from durable_agents.api.tokens import TokenRegistry, digest
+from tests.conftest import TEMPORAL_CLI
 from tests.waiting import eventually_sync
+from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +54,21 @@ def write_tokens(path: Path, people: tuple[Who, ...] = EVERYONE) -> Path:
     ]
     path.write_text(json.dumps({"tokens": entries}))
     return path
+
+
+@asynccontextmanager
+async def indexed_server() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server of its own with the Agent* search attributes: the API lists runs by tenant and state."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        search_attributes=[STATE, PENDING_APPROVALS, TENANT, MODEL, COST_USD],
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
 
 
 @asynccontextmanager

@@ -14,12 +14,30 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from durable_agents.api.tokens import TokenRegistry
-from tests.api_support import ALICE, BOB, CAROL, ROOT_ADMIN, ServeProcess, Who, get_json, serve_api, write_tokens
+from tests.api_support import (
+    ALICE,
+    BOB,
+    CAROL,
+    ROOT_ADMIN,
+    ServeProcess,
+    Who,
+    get_json,
+    indexed_server,
+    serve_api,
+    write_tokens,
+)
 from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.test_cli_bad_input import cli_env, starter
 from tests.waiting import eventually
+
+
+@pytest.fixture(scope="module")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """This module's own dev server, with the Agent* search attributes (listing by tenant needs them)."""
+    async with indexed_server() as env:
+        yield env
 
 
 @pytest.fixture
@@ -37,6 +55,7 @@ def tokens(tmp_path: Path) -> Path:
 async def api(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, tokens: Path
 ) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    runtime.search_attributes_ready = True
     async with (
         run_worker(dev_env.client, runtime) as tq,
         serve_api(dev_env.client, tq, tokens, store_url=runtime.settings.store_url) as url,

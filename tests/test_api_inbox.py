@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -24,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.api_support import ALICE, ROOT, ServeProcess, write_tokens
+from tests.api_support import ALICE, ROOT, ServeProcess, indexed_server, write_tokens
 from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -34,6 +34,13 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 90  # a hang guard, not a speed requirement
 REASON = "sku 2 is discontinued"
+
+
+@pytest.fixture(scope="module")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """This module's own dev server, with the Agent* search attributes (listing by tenant needs them)."""
+    async with indexed_server() as env:
+        yield env
 
 
 @pytest.fixture
@@ -125,6 +132,7 @@ async def test_the_inbox_approves_rejects_and_edits_in_a_real_browser(
     tokens = write_tokens(tmp_path / "tokens.json")
     address = dev_env.client.service_client.config.target_host
     llm.enqueue(Scripted(tool_calls=[post(sink, 1), post(sink, 2), post(sink, 3)]), Scripted(text="two ordered"))
+    runtime.search_attributes_ready = True
     async with run_worker(dev_env.client, runtime) as tq:
         api = await asyncio.to_thread(
             ServeProcess, address, tq, tokens, tmp_path / "api.log", env={"AGENT_STORE_URL": runtime.settings.store_url}

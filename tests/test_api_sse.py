@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,18 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.api_support import ALICE, BOB, ServeProcess, Who, write_tokens
+from tests.api_support import ALICE, BOB, ServeProcess, Who, indexed_server, write_tokens
 from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
+
+
+@pytest.fixture(scope="module")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """This module's own dev server, with the Agent* search attributes (listing by tenant needs them)."""
+    async with indexed_server() as env:
+        yield env
 
 
 @pytest.fixture
@@ -69,6 +76,7 @@ async def test_a_client_resumes_on_the_other_api_process_with_every_event_once_i
     address = dev_env.client.service_client.config.target_host
     order = json.dumps({"method": "POST", "url": f"{sink.url}/orders", "json": {"sku": 7}})
     llm.enqueue(Scripted(text="checking", tool_calls=[("http_request", order)]), Scripted(text="ordered"))
+    runtime.search_attributes_ready = True
     async with run_worker(dev_env.client, runtime) as tq:
         env = {"AGENT_STORE_URL": runtime.settings.store_url, "AGENT_LOG_LEVEL": "INFO"}
         first, second = await asyncio.gather(
