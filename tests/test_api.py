@@ -4,6 +4,7 @@ scoping (another tenant's run is 404 on every endpoint), the recorded reviewer, 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,38 @@ def test_serve_refuses_to_start_without_tokens_unless_insecure_local(
         assert me.status_code == 200 and "admin" in me.json()["roles"]
     finally:
         local.stop()
+
+
+async def test_a_session_message_creates_the_session_and_stays_in_its_tenant(
+    api: tuple[httpx.AsyncClient, str], llm: FakeLLMServer
+) -> None:
+    http, _ = api
+    llm.enqueue(Scripted(text="hello, how can I help?"), Scripted(text="it ships tomorrow"))
+    session = f"support-{uuid.uuid4().hex[:8]}"
+    first = await http.post(f"/v1/sessions/{session}/messages", json={"text": "hi"}, headers=ALICE.headers)
+    assert first.status_code == 200, first.text
+    assert first.json()["accepted"] and first.json()["seq"] == 1
+    view = await wait_state(http, ALICE, session, "idle")
+    assert view["session"] is True
+    # Another tenant can neither write to it nor start a session of its own under its id.
+    foreign = await http.post(f"/v1/sessions/{session}/messages", json={"text": "mine now"}, headers=BOB.headers)
+    assert foreign.status_code == 404, foreign.text
+    again = await http.post(
+        f"/v1/sessions/{session}/messages",
+        json={"text": "where is my order?", "message_id": "m2"},
+        headers=ALICE.headers,
+    )
+    assert again.status_code == 200 and again.json()["seq"] == 2, again.text
+    retried = await http.post(
+        f"/v1/sessions/{session}/messages",
+        json={"text": "where is my order?", "message_id": "m2"},
+        headers=ALICE.headers,
+    )
+    assert retried.json()["duplicate"] is True, retried.text
+
+    async def replied() -> bool:
+        return bool((await get_json(http, f"/v1/runs/{session}", ALICE))["replied"] >= 2)
+
+    await eventually(replied, "the session replied to both messages")
+    transcript = await get_json(http, f"/v1/runs/{session}/transcript", ALICE)
+    assert "it ships tomorrow" in json.dumps(transcript["messages"])
