@@ -276,7 +276,6 @@ async def test_a_session_message_creates_the_session_and_stays_in_its_tenant(
     # Another tenant can neither write to it nor start a session of its own under its id.
     foreign = await http.post(f"/v1/sessions/{session}/messages", json={"text": "mine now"}, headers=BOB.headers)
     assert foreign.status_code == 404, foreign.text
-    second_message = {"text": "where is my order?", "message_id": "m2"}
     again = await http.post(
         f"/v1/sessions/{session}/messages",
         json={"text": "where is my order?", "message_id": "m2"},
