@@ -25,6 +25,7 @@ from durable_agents.agent_client import (
     NotAnAgentRun,
     RunExists,
     RunNotFound,
+    RunNotOpen,
 )
 from durable_agents.api import routes_approvals, routes_runs
 from durable_agents.api.access_log import AccessLog
@@ -40,6 +41,7 @@ STATUS_OF: tuple[tuple[type[AgentClientError], int], ...] = (
     (NotAnAgentRun, 404),
     (RunExists, 409),
     (DecisionRefused, 409),
+    (RunNotOpen, 409),
     (NoAnswer, 503),
 )
 

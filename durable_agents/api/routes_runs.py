@@ -120,6 +120,7 @@ async def run_events(
         cursor = sse.cursor_of(last_event_id, after)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
+    await who.client.run(workflow_id)  # RunNotFound (404) for another tenant's run, before any byte is sent
     opened = await sse.open_events(who.client.events(workflow_id, after=cursor))
     return StreamingResponse(
         sse.stream(opened),

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from durable_agents.agent_client import AgentClientError, EventCursor, RunEvent
 
 HEARTBEAT_S = 15.0
-# How long the first event may take before the stream opens anyway: an unknown (or another tenant's)
-# run fails well within it, so it is a 404 rather than a stream that ends at once.
-FIRST_EVENT_S = 1.0
+# How long the first event may take before the stream opens anyway: an error the iterator raises at
+# once (a bad cursor, say) is then an HTTP error rather than a stream that ends with ``event: error``.
+FIRST_EVENT_S = 0.2
 
 
 def cursor_of(last_event_id: str | None, after: str | None) -> EventCursor | None:
@@ -44,7 +44,7 @@ class Opened:
 
 
 async def open_events(events: AsyncIterator[RunEvent]) -> Opened:
-    """Start reading; raises what the iterator raised within :data:`FIRST_EVENT_S` (RunNotFound, ...)."""
+    """Start reading; raises what the iterator raised within :data:`FIRST_EVENT_S`."""
     first: asyncio.Task[RunEvent] = asyncio.ensure_future(anext(events))
     done, _ = await asyncio.wait({first}, timeout=FIRST_EVENT_S)
     if done and first.exception() is not None and not isinstance(first.exception(), StopAsyncIteration):
