@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.api_support import ALICE, BOB, ServeProcess, Who, indexed_server, write_tokens
+from tests.api_support import ALICE, BOB, ROOT, ServeProcess, Who, indexed_server, write_tokens
 from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -120,3 +123,32 @@ async def test_a_client_resumes_on_the_other_api_process_with_every_event_once_i
     await eventually(lambda: "api.request" in (tmp_path / "api2.log").read_text(), "the second process's access log")
     log = (tmp_path / "api2.log").read_text()
     assert ALICE.token not in log and "order sku 7" not in log  # no tokens, no bodies
+
+
+async def test_the_http_api_example_follows_a_run_through_a_dropped_connection(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    tokens = write_tokens(tmp_path / "tokens.json")
+    address = dev_env.client.service_client.config.target_host
+    llm.enqueue(Scripted(text="hello from the model"))
+    runtime.search_attributes_ready = True
+    async with run_worker(dev_env.client, runtime) as tq:
+        api = await asyncio.to_thread(ServeProcess, address, tq, tokens, tmp_path / "api.log")
+        try:
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "examples.http_api.follow", "--api", api.url, "--token", ALICE.token],
+                cwd=ROOT,
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+        finally:
+            await asyncio.to_thread(api.stop)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("started: ") and lines[-1] == "output: hello from the model", done.stdout
+    ids = [line.split()[1].rstrip(":") for line in lines if line.startswith("event ")]
+    assert ids and len(ids) == len(set(ids)), done.stdout  # the resumed stream repeated nothing
+    assert any(" finished" in line for line in lines), done.stdout
