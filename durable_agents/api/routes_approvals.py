@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_agents.agent_client import PendingItem
@@ -17,7 +17,7 @@ from durable_agents.api.auth import Caller, caller
 
 router = APIRouter(prefix="/v1")
 Auth = Annotated[Caller, Depends(caller)]
-Id = Annotated[str, Field(min_length=1, max_length=1000)]
+Id = Annotated[str, Path(min_length=1, max_length=1000)]
 
 
 class Approvals(BaseModel):

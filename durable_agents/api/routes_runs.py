@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -21,7 +21,7 @@ from workflows.types import AgentInput, StatusView
 
 router = APIRouter(prefix="/v1")
 Auth = Annotated[Caller, Depends(caller)]
-RunId = Annotated[str, Field(min_length=1, max_length=1000)]
+RunId = Annotated[str, Path(min_length=1, max_length=1000)]
 # Set only by the runtime itself (continue-as-new, a parent for its sub-agents, a fork or rewind):
 # a caller that could set them would skip a limit or read another run's state.
 INTERNAL_FIELDS = ("carry", "budget", "parent_conversation", "subagents_ref", "as_subagent", "checkpoint", "fork")
