@@ -3,7 +3,10 @@ scoping (another tenant's run is 404 on every endpoint), the recorded reviewer, 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +22,7 @@ from tests.api_support import (
     ALICE,
     BOB,
     CAROL,
+    ROOT,
     ROOT_ADMIN,
     ServeProcess,
     Who,
@@ -295,3 +299,31 @@ async def test_a_session_message_creates_the_session_and_stays_in_its_tenant(
     await eventually(replied, "the session replied to both messages")
     transcript = await get_json(http, f"/v1/runs/{session}/transcript", ALICE)
     assert "it ships tomorrow" in json.dumps(transcript["messages"])
+
+
+async def test_the_docs_curl_examples_work(api: tuple[httpx.AsyncClient, str], llm: FakeLLMServer) -> None:
+    """The HTTP API section's curl lines, run by bash against the API (but for those naming a placeholder
+    approval id and the streams, which the SSE tests cover)."""
+    http, _ = api
+    llm.enqueue(Scripted(text="ordered sku 7"), Scripted(text="it ships tomorrow"))
+    page = (ROOT / "docs" / "front-ends.md").read_text()
+    section = page.split("## HTTP API", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in section.split("```bash\n")[1:] if "curl" in b).split("```", 1)[0]
+    script: list[str] = []
+    for line in block.replace("\\\n", " ").splitlines():
+        if line.startswith(("API=", "AUTH=")) or (
+            line.startswith("curl") and "ap_..." not in line and " -sN " not in line
+        ):
+            script.append(line.split("  # ")[0])
+    assert len(script) >= 6, script
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euc", "\n".join(s.replace("http://127.0.0.1:8080", str(http.base_url).rstrip("/")) for s in script)],
+        env={"PATH": os.environ["PATH"], "ACME_TOKEN": ALICE.token},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"workflow_id":"order-7"' in done.stdout and '"approvals":' in done.stdout, done.stdout
+    assert '"accepted":true' in done.stdout, done.stdout
