@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog.testing
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
@@ -327,3 +328,21 @@ async def test_the_docs_curl_examples_work(api: tuple[httpx.AsyncClient, str], l
     assert done.returncode == 0, done.stderr
     assert '"workflow_id":"order-7"' in done.stdout and '"approvals":' in done.stdout, done.stdout
     assert '"accepted":true' in done.stdout, done.stdout
+
+
+async def test_each_request_is_one_access_log_line_without_body_or_token(
+    api: tuple[httpx.AsyncClient, str],
+) -> None:
+    http, _ = api
+    with structlog.testing.capture_logs() as logged:
+        refused = await http.post("/v1/runs", json={"task": "secret task text", "depth": 1}, headers=ALICE.headers)
+        anonymous = await http.get("/v1/runs?page_token=opaque-cursor")
+    assert (refused.status_code, anonymous.status_code) == (400, 401)
+    lines = [entry for entry in logged if entry["event"] == "api.request"]
+    assert [(e["method"], e["path"], e["status"], e["tenant"]) for e in lines] == [
+        ("POST", "/v1/runs", 400, "acme"),
+        ("GET", "/v1/runs", 401, ""),
+    ]
+    assert all(isinstance(e["duration_ms"], float) for e in lines)
+    text = repr(logged)
+    assert ALICE.token not in text and "secret task text" not in text and "opaque-cursor" not in text
