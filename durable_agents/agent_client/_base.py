@@ -29,6 +29,7 @@ from durable_agents.agent_client._errors import (
     RunNotFound,
     RunNotOpen,
 )
+from durable_agents.agent_client._events import DeltaSource
 from durable_agents.agent_client._owners import Warn, no_warning
 from durable_agents.agent_client._reading import (
     QUICK_QUERY_TIMEOUT,
@@ -66,6 +67,7 @@ class RunReader:
         approval_key: SecretStr | None = None,
         store_url: str = "",
         warn: Warn | None = None,
+        deltas: DeltaSource | None = None,
     ) -> None:
         self.client = client
         self.task_queue = task_queue
@@ -73,6 +75,7 @@ class RunReader:
         self.approval_key = approval_key
         self.store_url = store_url
         self.warn: Warn = warn or no_warning
+        self.deltas = deltas  # where ``events`` reads streamed text (None: progress events only)
 
     def for_tenant(self, tenant: str) -> Self:
         """The same client scoped to ``tenant`` (the API makes one per request's token).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio.client import (
@@ -27,6 +28,7 @@ from durable_agents.agent_client._errors import (
     InvalidRequest,
     RunNotOpen,
 )
+from durable_agents.agent_client._events import POLL_COOLDOWN, run_events
 from durable_agents.agent_client._reading import (
     bounded,
     ended_state,
@@ -118,10 +120,27 @@ class AgentClient(Approvals):
 
     # --- events, transcript, fork -----------------------------------------------------------
 
-    def events(self, workflow_id: str, *, after: EventCursor | None = None) -> AsyncIterator[RunEvent]:
+    async def events(
+        self, workflow_id: str, *, after: EventCursor | None = None, poll_cooldown: timedelta = POLL_COOLDOWN
+    ) -> AsyncIterator[RunEvent]:
         """The run's events after ``after`` until it (its last continued run) closes: progress
-        events read by query (adding nothing to the run's history) merged with streamed text."""
-        raise NotImplementedError
+        events read by query (adding nothing to the run's history) merged with streamed text.
+
+        Each event's ``cursor`` resumes after it: pass it back as ``after`` (an SSE ``id`` is
+        ``str(cursor)``, ``EventCursor.parse`` reads ``Last-Event-ID``). Streamed text comes from the
+        client's ``deltas`` source when it has one (``kind == "delta"``).
+
+        >>> async for event in agents.events("readme-1"):
+        ...     print(event.cursor, event.kind, event.progress.text if event.progress else event.text)
+        >>> async for event in agents.events("readme-1", after=EventCursor.parse("12.0")):
+        ...     ...  # from the 13th progress event on
+        """
+        await self.run(workflow_id)
+        cursor = after or EventCursor()
+        async for event in run_events(
+            self.client, workflow_id, cursor, deltas=self.deltas, poll_cooldown=poll_cooldown
+        ):
+            yield event
 
     async def transcript(self, workflow_id: str) -> list[dict[str, Any]]:
         raise NotImplementedError

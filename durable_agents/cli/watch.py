@@ -1,9 +1,10 @@
 """Live progress of a run: ``starter.py watch ID`` and the progress lines of ``run --follow``.
 
 Events come from the run's durable Workflow Stream (topic ``progress``, see
-``workflows/progress.py``) through ``temporalio.contrib.workflow_streams``: the
-subscription starts at any offset, follows continue-as-new into the next run
-and ends once the run has closed and its last events were read.
+``workflows/progress.py``) through ``AgentClient.events``, which reads it by query,
+so watching adds nothing to the run's history: it starts at any offset, follows
+continue-as-new into the next run and ends once the run has closed and its last
+events were read.
 
 Three renderings: ``json`` (one ``ProgressEvent.model_dump_json()`` per line),
 ``rich`` (colours, one line per event, approvals highlighted with the commands
@@ -33,15 +34,19 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
 
 from activities.settings import Settings
+from durable_agents.agent_client._client import AgentClient
+from durable_agents.agent_client._errors import AgentClientError
+from durable_agents.agent_client._events import POLL_COOLDOWN as POLL_COOLDOWN
+from durable_agents.agent_client._types import EventCursor
 from durable_agents.cli.approval_text import decide_commands, what_waits
 from durable_agents.cli.common import (
     PROBE_TIMEOUT,
     CliError,
     cli_command,
+    client_errors,
     describe_run,
     ended_state,
     event_offset,
@@ -55,12 +60,11 @@ from durable_agents.cli.common import (
 )
 from workflows.agent import AgentWorkflow
 from workflows.call_view import call_lines
-from workflows.progress import TOPIC, ProgressEvent
+from workflows.progress import ProgressEvent
 from workflows.types import StatusView
 
 Mode = Literal["json", "rich", "plain"]
 OnEvent = Callable[[int, ProgressEvent], Awaitable[None] | None]
-POLL_COOLDOWN = timedelta(milliseconds=100)
 SUBAGENT_INDENT = "  "
 CHILD_APPEAR_TRIES = 50  # a delegation is announced just before its child run starts
 DEFAULT_REVIEWER = Settings.reviewer  # "cli": the name in printed commands when none is given
@@ -94,10 +98,12 @@ _KIND_WIDTH = max(len(kind) for kind in _STYLES)
 async def events(
     client: Client, workflow_id: str, *, from_offset: int = 0, poll_cooldown: timedelta = POLL_COOLDOWN
 ) -> AsyncIterator[tuple[int, ProgressEvent]]:
-    """``(offset, event)`` pairs of a run's progress stream, until the (last continued) run has closed."""
-    stream = WorkflowStreamClient.create(client, workflow_id)
-    async for item in stream.subscribe(TOPIC, from_offset, result_type=ProgressEvent, poll_cooldown=poll_cooldown):
-        yield item.offset, item.data
+    """``(offset, event)`` pairs of a run's progress stream, until the (last continued) run has closed:
+    ``AgentClient.events``, which reads by query (watching adds nothing to the run's history)."""
+    cursor = EventCursor(offset=from_offset)
+    async for event in AgentClient(client).events(workflow_id, after=cursor, poll_cooldown=poll_cooldown):
+        if event.progress is not None:
+            yield event.cursor.offset - 1, event.progress
 
 
 def mode_for(json_lines: bool, file: TextIO) -> Mode:
@@ -312,7 +318,7 @@ async def watch_child(
         await watch(
             client, child_id, json_lines=False, file=out, poll_cooldown=poll_cooldown, reviewer=reviewer, depth=depth
         )
-    except (RPCError, WorkflowQueryFailedError, WorkflowUpdateFailedError) as err:
+    except (RPCError, WorkflowQueryFailedError, WorkflowUpdateFailedError, AgentClientError) as err:
         print(f"{SUBAGENT_INDENT * depth}(sub-agent {child_id}: progress unavailable: {err})", file=out)
 
 
@@ -335,6 +341,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     )
 
 
+@client_errors
 async def cmd_watch(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id = args.workflow_id
     handle, desc = await describe_run(client, workflow_id)  # a missing run is a one-line error, not a hang
