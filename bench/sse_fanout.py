@@ -125,7 +125,9 @@ async def measure(clients: int, turns: int, turn_delay_s: float) -> dict[str, An
             tokens.write_text(json.dumps({"tokens": [{"sha256": digest(TOKEN), "roles": ["admin"], "reviewer": "b"}]}))
             runtime = Runtime.from_settings(settings)
             task_queue = f"bench-{uuid.uuid4().hex[:8]}"
-            proc, url = serve(address, task_queue, tokens, Path(tmp) / "api.log")
+            api_log = RESULTS.parent / "sse_fanout.api.log"
+            api_log.parent.mkdir(parents=True, exist_ok=True)
+            proc, url = serve(address, task_queue, tokens, api_log)
             try:
                 async with build_worker(env.client, runtime, task_queue=task_queue):
                     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)

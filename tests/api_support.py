@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -72,10 +73,10 @@ async def indexed_server() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @asynccontextmanager
-async def serve_api(
+async def serve_app(
     client: Client, task_queue: str, tokens_file: Path, *, store_url: str = "", **options: Any
-) -> AsyncIterator[str]:
-    """The API on a free 127.0.0.1 port, served by uvicorn in this event loop; yields its base URL."""
+) -> AsyncIterator[tuple[str, FastAPI]]:
+    """The API on a free 127.0.0.1 port, served by uvicorn in this event loop; yields its base URL and app."""
     agents = AgentClient(client, task_queue=task_queue, store_url=store_url)
     app = create_app(agents, tokens=TokenRegistry(tokens_file), **options)
     sock = bind("127.0.0.1", 0)
@@ -86,11 +87,20 @@ async def serve_api(
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
     finally:
         web.should_exit = True
         await task
         sock.close()
+
+
+@asynccontextmanager
+async def serve_api(
+    client: Client, task_queue: str, tokens_file: Path, *, store_url: str = "", **options: Any
+) -> AsyncIterator[str]:
+    """:func:`serve_app`'s URL."""
+    async with serve_app(client, task_queue, tokens_file, store_url=store_url, **options) as (url, _):
+        yield url
 
 
 class ServeProcess:

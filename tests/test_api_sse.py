@@ -17,7 +17,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
-from tests.api_support import ALICE, BOB, ROOT, ServeProcess, Who, indexed_server, write_tokens
+from tests.api_support import ALICE, BOB, ROOT, ServeProcess, Who, indexed_server, serve_app, write_tokens
 from tests.conftest import WorkerFactory
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
@@ -152,3 +152,30 @@ async def test_the_http_api_example_follows_a_run_through_a_dropped_connection(
     ids = [line.split()[1].rstrip(":") for line in lines if line.startswith("event ")]
     assert ids and len(ids) == len(set(ids)), done.stdout  # the resumed stream repeated nothing
     assert any(" finished" in line for line in lines), done.stdout
+
+
+async def test_many_clients_of_one_run_on_one_process_each_get_every_event(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """One reader per run per process: a query per client would fill the server's query buffer for the run."""
+    tokens = write_tokens(tmp_path / "tokens.json")
+    llm.enqueue(*[Scripted(tool_calls=[("always_fails", "{}")], delay_s=0.5) for _ in range(3)], Scripted(text="done"))
+    runtime.search_attributes_ready = True
+    async with (
+        run_worker(dev_env.client, runtime) as tq,
+        serve_app(dev_env.client, tq, tokens, store_url=runtime.settings.store_url) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=120), limits=httpx.Limits()) as http,
+    ):
+        started = await http.post("/v1/runs", json={"task": "fail thrice"}, headers=ALICE.headers)
+        assert started.status_code == 201, started.text
+        wid = started.json()["workflow_id"]
+        readers = [asyncio.create_task(read_events(http, f"{url}/v1/runs/{wid}/events", ALICE)) for _ in range(60)]
+        fanout = app.state.api.fanout
+        # All 60 follow the run through one reader in this process.
+        await eventually(lambda: wid in fanout.feeds and fanout.feeds[wid].subscribers == 60, "60 subscribers")
+        assert list(fanout.feeds) == [wid]
+        seen = await asyncio.gather(*readers)
+    assert fanout.feeds == {}  # the last subscriber gone, the reader stopped
+    ids = [[f["id"] for f in frames if f["event"] != "end"] for frames in seen]
+    assert all(one == ids[0] for one in ids) and len(ids[0]) == len(set(ids[0])) > 10, ids[0]
+    assert [f["event"] for f in seen[0]][-2:] == ["finished", "end"]

@@ -30,6 +30,7 @@ from durable_agents.agent_client import (
 from durable_agents.api import routes_approvals, routes_runs
 from durable_agents.api.access_log import AccessLog
 from durable_agents.api.auth import ApiState, Caller, caller
+from durable_agents.api.fanout import Fanout
 from durable_agents.api.limits import BodyLimit, RateLimiter
 from durable_agents.api.tokens import Token, TokenRegistry, local_token
 from durable_agents.version import package_version
@@ -83,6 +84,7 @@ def create_app(
         tokens=tokens,
         local=local_token(local_reviewer),
         limiter=RateLimiter(rate_per_minute),
+        fanout=Fanout(client),
         ui_url=ui_url.rstrip("/"),
         namespace=namespace,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fastapi import HTTPException, Request
 
 from durable_agents.agent_client import AgentClient
+from durable_agents.api.fanout import Fanout
 from durable_agents.api.limits import RateLimiter, retry_after
 from durable_agents.api.tokens import Role, Token, TokenRegistry
 
@@ -19,6 +20,7 @@ class ApiState:
     tokens: TokenRegistry | None  # None: --insecure-local, every request is ``local``
     local: Token
     limiter: RateLimiter
+    fanout: Fanout  # one reader per followed run in this process
     ui_url: str = ""  # the Temporal UI, for the inbox's links to runs
     namespace: str = "default"
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from durable_agents.agent_client import RunRef, RunSummary
 from durable_agents.api import sse
-from durable_agents.api.auth import Caller, caller
+from durable_agents.api.auth import Caller, caller, state_of
 from workflows.session_types import SendResult, SessionSpec
 from workflows.types import AgentInput, StatusView
 
@@ -112,6 +112,7 @@ async def run_transcript(workflow_id: RunId, who: Auth) -> Transcript:
 async def run_events(
     workflow_id: RunId,
     who: Auth,
+    request: Request,
     last_event_id: Annotated[str | None, Header(max_length=40)] = None,
     after: Annotated[str | None, Query(max_length=40)] = None,
 ) -> StreamingResponse:
@@ -121,9 +122,8 @@ async def run_events(
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     await who.client.run(workflow_id)  # RunNotFound (404) for another tenant's run, before any byte is sent
-    opened = await sse.open_events(who.client.events(workflow_id, after=cursor))
     return StreamingResponse(
-        sse.stream(opened),
+        sse.stream(state_of(request).fanout.events(workflow_id, cursor)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

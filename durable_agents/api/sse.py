@@ -4,9 +4,9 @@ Each event is ``id: <EventCursor>`` / ``event: <kind>`` / ``data: <RunEvent JSON
 reconnects sends the last id back (``Last-Event-ID``, or ``?after=`` for a first connection that
 starts part way) and gets the events after it: the cursor names a position in the run's own event
 stream, which ``AgentClient.events`` reads from the run and the streaming channel, so any process
-serves the rest and nothing is kept here. A comment line every ``heartbeat_s`` keeps proxies from
-closing a quiet stream; ``event: end`` is the last event, sent when the run (its last continued run)
-closes.
+serves the rest (each process reads a followed run once for all its clients: ``fanout``). A comment
+line every ``heartbeat_s`` keeps proxies from closing a quiet stream; ``event: end`` is the last event,
+sent when the run (its last continued run) closes.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from collections.abc import AsyncIterator
 from durable_agents.agent_client import AgentClientError, EventCursor, RunEvent
 
 HEARTBEAT_S = 15.0
-# How long the first event may take before the stream opens anyway: an error the iterator raises at
-# once (a bad cursor, say) is then an HTTP error rather than a stream that ends with ``event: error``.
-FIRST_EVENT_S = 0.2
 
 
 def cursor_of(last_event_id: str | None, after: str | None) -> EventCursor | None:
@@ -35,26 +32,9 @@ def frame(event: RunEvent) -> bytes:
     return f"id: {event.cursor}\nevent: {event.kind}\ndata: {data}\n\n".encode()
 
 
-class Opened:
-    """A run's event iterator whose first step already ran (so an error surfaces before any byte is sent)."""
-
-    def __init__(self, events: AsyncIterator[RunEvent], first: asyncio.Task[RunEvent]) -> None:
-        self.events = events
-        self.first = first
-
-
-async def open_events(events: AsyncIterator[RunEvent]) -> Opened:
-    """Start reading; raises what the iterator raised within :data:`FIRST_EVENT_S`."""
-    first: asyncio.Task[RunEvent] = asyncio.ensure_future(anext(events))
-    done, _ = await asyncio.wait({first}, timeout=FIRST_EVENT_S)
-    if done and first.exception() is not None and not isinstance(first.exception(), StopAsyncIteration):
-        raise first.exception()  # type: ignore[misc]
-    return Opened(events, first)
-
-
-async def stream(opened: Opened, *, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[bytes]:
+async def stream(events: AsyncIterator[RunEvent], *, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[bytes]:
     """The SSE body: every event, a heartbeat comment whenever none came for ``heartbeat_s``, then ``end``."""
-    pending: asyncio.Task[RunEvent] | None = opened.first
+    pending: asyncio.Task[RunEvent] | None = asyncio.ensure_future(anext(events))
     yield b"retry: 1000\n\n"
     try:
         while pending is not None:
@@ -67,12 +47,15 @@ async def stream(opened: Opened, *, heartbeat_s: float = HEARTBEAT_S) -> AsyncIt
             except StopAsyncIteration:
                 pending = None
                 break
-            except AgentClientError as exc:  # e.g. the run stopped answering: say so, the client may reconnect
+            except Exception as exc:  # the run stopped answering, Temporal refused: say so, the client reconnects
                 pending = None
-                yield f"event: error\ndata: {json.dumps({'detail': str(exc)})}\n\n".encode()
+                detail = (
+                    str(exc) if isinstance(exc, AgentClientError) else f"reading the run failed: {type(exc).__name__}"
+                )
+                yield f"event: error\ndata: {json.dumps({'detail': detail[:500]})}\n\n".encode()
                 return
             yield frame(event)
-            pending = asyncio.ensure_future(anext(opened.events))
+            pending = asyncio.ensure_future(anext(events))
         yield b"event: end\ndata: {}\n\n"
     finally:
         # The client went away (or the run ended): stop reading the run for it.
@@ -80,7 +63,7 @@ async def stream(opened: Opened, *, heartbeat_s: float = HEARTBEAT_S) -> AsyncIt
             pending.cancel()
             with contextlib.suppress(BaseException):
                 await pending
-        aclose = getattr(opened.events, "aclose", None)
+        aclose = getattr(events, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
