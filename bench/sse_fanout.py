@@ -125,8 +125,7 @@ async def measure(clients: int, turns: int, turn_delay_s: float) -> dict[str, An
             tokens.write_text(json.dumps({"tokens": [{"sha256": digest(TOKEN), "roles": ["admin"], "reviewer": "b"}]}))
             runtime = Runtime.from_settings(settings)
             task_queue = f"bench-{uuid.uuid4().hex[:8]}"
-            api_log = RESULTS.parent / "sse_fanout.api.log"
-            api_log.parent.mkdir(parents=True, exist_ok=True)
+            api_log = Path(tmp) / "api.log"
             proc, url = serve(address, task_queue, tokens, api_log)
             try:
                 async with build_worker(env.client, runtime, task_queue=task_queue):
@@ -156,6 +155,9 @@ async def measure(clients: int, turns: int, turn_delay_s: float) -> dict[str, An
                         wall_s = time.monotonic() - began
                         sampler.cancel()
                         end_rss, hwm = rss_kib(proc.pid)
+            except BaseException:
+                print(f"the API's log:\n{api_log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+                raise
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
