@@ -346,3 +346,24 @@ async def test_each_request_is_one_access_log_line_without_body_or_token(
     assert all(isinstance(e["duration_ms"], float) for e in lines)
     text = repr(logged)
     assert ALICE.token not in text and "secret task text" not in text and "opaque-cursor" not in text
+
+
+def test_the_docs_token_recipe_makes_an_entry_the_api_accepts(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "front-ends.md").read_text()
+    section = page.split("## Tenant tokens", 1)[1].split("\n## ", 1)[0]
+    recipe = next(b for b in section.split("```bash\n")[1:] if "sha256sum" in b).split("```", 1)[0]
+    done = subprocess.run(
+        ["bash", "-euc", recipe + 'echo "$TOKEN"'],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    sha256, token = done.stdout.split()
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tokens": [{"sha256": sha256, "tenant": "acme", "roles": ["starter"]}]}))
+    found = TokenRegistry(path).lookup(token)
+    assert found is not None and found.tenant == "acme"
+    assert TokenRegistry(path).lookup(token + "x") is None
