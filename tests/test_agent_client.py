@@ -24,6 +24,7 @@ from durable_agents.agent_client import (
     DecisionRefused,
     InvalidRequest,
     NoAnswer,
+    NoSuchStep,
     PendingItem,
     RunExists,
     RunNotFound,
@@ -33,7 +34,8 @@ from tests.conftest import TEMPORAL_CLI, WorkerFactory, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.waiting import eventually
-from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, STATE, TENANT
+from workflows.progress import COST_USD, FORK_OF, MODEL, PENDING_APPROVALS, STATE, TENANT
+from workflows.session_types import SessionSpec
 from workflows.types import AgentInput
 
 KEY = "agent-client-test-key"
@@ -50,7 +52,7 @@ async def indexed_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=str(TEMPORAL_CLI),
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
-        search_attributes=[STATE, PENDING_APPROVALS, TENANT, MODEL, COST_USD],
+        search_attributes=[STATE, PENDING_APPROVALS, TENANT, MODEL, COST_USD, FORK_OF],
     )
     yield env
     await env.shutdown()
@@ -250,3 +252,74 @@ async def test_pending_pages_through_the_waiting_runs(
         assert len(rest) == 1 and end == ""
         assert {r.workflow_id for r in runs + rest} == {r.workflow_id for r in refs}
         await asyncio.gather(*(agents.cancel(r.workflow_id) for r in refs))
+
+
+async def replied(agents: AgentClient, session_id: str, seq: int) -> str:
+    async def done() -> str | None:
+        try:
+            view = await agents.status(session_id)
+        except NoAnswer:
+            return None
+        return view.output if view.replied >= seq and view.state == "idle" else None
+
+    return await eventually(done, f"{session_id} replies to message {seq}")
+
+
+async def test_send_transcript_fork_and_rewind(
+    indexed_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, sink: HttpSink
+) -> None:
+    llm.default = orders(sink)
+    client = indexed_env.client
+    runtime.search_attributes_ready = True
+    async with run_worker(client, runtime) as task_queue:
+        agents = AgentClient(client, task_queue=task_queue).for_tenant("t1")
+        other = agents.for_tenant("t2")
+        session = f"chat-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(RunNotFound):  # no session and no start: nothing is started
+            await agents.send(session, "hello")
+        first = await agents.send(session, "hello", message_id="m1", start=AgentInput(session=SessionSpec()))
+        assert first.accepted and first.seq == 1 and not first.duplicate
+        again = await agents.send(session, "hello", message_id="m1", start=AgentInput(session=SessionSpec()))
+        assert again.duplicate and again.seq == 1  # a retry with the same id is the same message
+        assert await replied(agents, session, 1) == "hello: done"
+        second = await agents.send(session, "more please", sender="ann")  # running: no start needed
+        assert second.seq == 2
+        await replied(agents, session, 2)
+        entries = await agents.transcript(session)
+        messages = [(e["seq"], e["text"], e["sender"]) for e in entries if e["kind"] == "message"]
+        assert messages == [(1, "hello", ""), (2, "more please", "ann")], entries
+        assert [e["seq"] for e in entries if e["kind"] == "reply"] == [1, 2]
+        with pytest.raises(InvalidRequest, match="session"):
+            await agents.send(session, "x", start=AgentInput(task="not a session"))
+
+        plain = await agents.start(AgentInput(task="hello"))
+        done = await agents.result(plain.workflow_id)
+        assert done.status == "completed" and done.steps == 1
+        fork = await agents.fork(plain.workflow_id, step=1, task="and now?")
+        assert fork.workflow_id.startswith(f"{plain.workflow_id}-fork1-")
+        forked = await agents.result(fork.workflow_id)
+        assert forked.status == "completed" and forked.steps == 2, forked  # its first turn is step 2
+        with pytest.raises(NoSuchStep, match="has 1 complete step"):
+            await agents.fork(plain.workflow_id, step=5)
+        rewound = await agents.rewind(plain.workflow_id, step=0)
+        assert rewound.workflow_id == plain.workflow_id and rewound.run_id not in ("", plain.run_id)
+        assert (await agents.result(plain.workflow_id)).status == "completed"
+        with pytest.raises(NoSuchStep, match="no step after 3"):
+            await agents.rewind(plain.workflow_id, step=3)
+
+        # Another tenant's client: every one of these is the same RunNotFound as a missing run.
+        for workflow_id in (session, plain.workflow_id):
+            with pytest.raises(RunNotFound):
+                await other.transcript(workflow_id)
+            with pytest.raises(RunNotFound):
+                await other.fork(workflow_id, step=0)
+            with pytest.raises(RunNotFound):
+                await other.rewind(workflow_id, step=0)
+            with pytest.raises(RunNotFound):
+                [event async for event in other.events(workflow_id)]
+        with pytest.raises(RunNotFound):
+            await other.send(session, "let me in", start=AgentInput(session=SessionSpec()))
+        assert len(await agents.transcript(session)) == len(entries)  # nothing reached the session
+        mine = [event.kind async for event in agents.events(plain.workflow_id)]
+        assert mine and mine[-1] == "finished"
+        await agents.cancel(session)

@@ -11,12 +11,18 @@ from durable_agents.agent_client._errors import (
     AgentClientError,
     DecisionRefused,
     InvalidRequest,
+    MessageRefused,
     NoAnswer,
     NotAnAgentRun,
     RunExists,
     RunNotFound,
     RunNotOpen,
 )
+from durable_agents.agent_client._events import DeltaSource
+from durable_agents.agent_client._forking import ForkPlan
+from durable_agents.agent_client._history import NoSuchStep
+from durable_agents.agent_client._transcript import Entry as TranscriptEntry
+from durable_agents.agent_client._transcript import Transcript
 from durable_agents.agent_client._types import (
     Decision,
     EventCursor,
@@ -27,6 +33,7 @@ from durable_agents.agent_client._types import (
     RunPage,
     RunRef,
     RunSummary,
+    SessionSend,
 )
 
 __all__ = [
@@ -34,9 +41,13 @@ __all__ = [
     "AgentClientError",
     "Decision",
     "DecisionRefused",
+    "DeltaSource",
     "EventCursor",
+    "ForkPlan",
     "InvalidRequest",
+    "MessageRefused",
     "NoAnswer",
+    "NoSuchStep",
     "NotAnAgentRun",
     "PendingItem",
     "PendingPage",
@@ -48,4 +59,7 @@ __all__ = [
     "RunPage",
     "RunRef",
     "RunSummary",
+    "SessionSend",
+    "Transcript",
+    "TranscriptEntry",
 ]

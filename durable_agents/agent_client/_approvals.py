@@ -42,8 +42,6 @@ from workflows.progress import PENDING_APPROVALS
 from workflows.types import DecisionKind, PendingApproval, StatusView
 
 Resolution = Literal["retry", "mark_done", "fail"]
-# A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
-_ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
 
 class Approvals(RunReader):

@@ -9,7 +9,7 @@ exist, is the same ``RunNotFound``, so an id of another tenant's run does not le
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from pydantic import SecretStr
 from temporalio.client import (
@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 
 from durable_agents.agent_client._errors import (
     AgentClientError,
+    InvalidRequest,
     NoAnswer,
     RunNotFound,
     RunNotOpen,
@@ -48,9 +49,8 @@ from durable_agents.agent_client._types import (
 )
 from workflows.progress import COST_USD, MODEL, PENDING_APPROVALS, TENANT
 from workflows.run_failure import result_of_failure
-from workflows.types import AgentResult, StatusView
+from workflows.types import AgentInput, AgentResult, StatusView
 
-Resolution = Literal["retry", "mark_done", "fail"]
 # A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
 _ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
@@ -86,6 +86,14 @@ class RunReader:
         scoped = copy.copy(self)
         scoped.tenant = tenant
         return scoped
+
+    def stamped(self, inp: AgentInput) -> AgentInput:
+        """``inp`` with this client's tenant (``InvalidRequest`` when it names another)."""
+        if self.tenant is None or inp.tenant == self.tenant:
+            return inp
+        if inp.tenant:
+            raise InvalidRequest(f"the input names tenant {inp.tenant!r}, not this client's ({self.tenant!r})")
+        return inp.model_copy(update={"tenant": self.tenant})
 
     # --- reading a run ----------------------------------------------------------------
 

@@ -15,23 +15,28 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, Literal
 
+from pydantic import ValidationError
 from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
 )
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 import durable_agents.agent_client._listing as _listing
-from durable_agents.agent_client._approvals import Approvals
-from durable_agents.agent_client._errors import (
-    InvalidRequest,
-    RunNotOpen,
-)
+from durable_agents.agent_client._errors import InvalidRequest, MessageRefused, RunNotFound, RunNotOpen
 from durable_agents.agent_client._events import POLL_COOLDOWN, run_events
+from durable_agents.agent_client._forking import Forking
 from durable_agents.agent_client._reading import (
+    RPC_TIMEOUT,
     bounded,
     ended_state,
+    started_input,
     temporal_state,
 )
 from durable_agents.agent_client._starting import start_agent_run, static_details, static_summary
@@ -41,17 +46,16 @@ from durable_agents.agent_client._types import (
     RunPage,
     RunRef,
     RunSummary,
+    SessionSend,
 )
+from durable_agents.fairness import tenant_priority
+from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, TENANT
-from workflows.session_types import SendResult
+from workflows.session_types import SendResult, SessionMessage
 from workflows.types import AgentInput
 
-Resolution = Literal["retry", "mark_done", "fail"]
-# A closed run without a result (Temporal's word) as an agent state a ``StatusView`` can hold.
-_ENDED_AS = {"canceled": "cancelled", "cancelled": "cancelled"}
 
-
-class AgentClient(Approvals):
+class AgentClient(Forking):
     """A typed client over a Temporal ``Client``.
 
     ``tenant`` (optional) scopes every call: runs of another tenant are ``RunNotFound`` and
@@ -98,14 +102,6 @@ class AgentClient(Approvals):
         )
         return RunRef(workflow_id=wid, run_id=handle.result_run_id or "")
 
-    def stamped(self, inp: AgentInput) -> AgentInput:
-        """``inp`` with this client's tenant (``InvalidRequest`` when it names another)."""
-        if self.tenant is None or inp.tenant == self.tenant:
-            return inp
-        if inp.tenant:
-            raise InvalidRequest(f"the input names tenant {inp.tenant!r}, not this client's ({self.tenant!r})")
-        return inp.model_copy(update={"tenant": self.tenant})
-
     async def send(
         self,
         session_id: str,
@@ -115,8 +111,103 @@ class AgentClient(Approvals):
         sender: str = "",
         start: AgentInput | None = None,
     ) -> SendResult:
-        """Send a session a message; with ``start`` the session is started with it when missing."""
-        raise NotImplementedError
+        """Send a session a message; with ``start`` the session is started with it when missing.
+
+        With ``start`` (an input with ``session`` set) a missing or ended session is started (woken: an
+        ended session goes on with its conversation and workspace) by one update-with-start; without it
+        the session must be running (``RunNotFound``, ``RunNotOpen``). ``message_id`` makes a retry the
+        same message (default: a new id). ``MessageRefused`` when the session refuses it.
+
+        >>> sent = await agents.send("support-42", "Where is my order?", start=AgentInput(session=SessionSpec()))
+        >>> sent.seq, sent.duplicate
+        """
+        sent = await self.send_session(session_id, text, message_id=message_id, sender=sender, start=start)
+        return sent.result
+
+    async def send_session(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        message_id: str = "",
+        sender: str = "",
+        start: AgentInput | None = None,
+    ) -> SessionSend:
+        """:meth:`send`, saying also whether the message started or woke the session."""
+        try:
+            message = SessionMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
+        except ValidationError as exc:
+            raise InvalidRequest(f"the message: {exc.errors(include_url=False)[0]['msg']}") from None
+        if start is not None and start.session is None:
+            raise InvalidRequest('start must be a session\'s input ("session": {} set)')
+        try:
+            _, desc = await self.run(session_id)
+        except RunNotFound:
+            if start is None or (self.tenant is not None and await _exists(self.client, session_id)):
+                raise
+            desc = None
+        ended = desc is not None and desc.status != WorkflowExecutionStatus.RUNNING
+        if desc is not None and ended and not await _is_session(self.client, desc):
+            raise MessageRefused(
+                f"refused: not_a_session: run {session_id} (ended) is not a session (a session starts with "
+                '"session": {} in its input)',
+                reason="not_a_session",
+                by_session=True,
+            )
+        if ended and start is None:
+            raise RunNotOpen(f"session {session_id} has ended; send with start= to wake it")
+        task_queue = desc.task_queue if desc is not None else self.task_queue
+        result = await self.deliver(session_id, message, start=start, task_queue=task_queue)
+        woke = ""
+        if desc is not None and ended:
+            woke = await ended_state(self.client, desc.id, desc.run_id, desc.status, desc.typed_search_attributes)
+        return SessionSend(
+            workflow_id=session_id, result=result, task_queue=task_queue, started=desc is None, woke=woke
+        )
+
+    async def deliver(
+        self,
+        session_id: str,
+        message: SessionMessage,
+        *,
+        start: AgentInput | None = None,
+        task_queue: str | None = None,
+        summary: str | None = None,
+    ) -> SendResult:
+        """The ``send`` update itself (with start when ``start``), no check first: :meth:`send` checks."""
+        try:
+            if start is None:
+                handle = self.client.get_workflow_handle(session_id)
+                answer: SendResult = await handle.execute_update("send", message, result_type=SendResult)
+                return answer
+            inp = self.stamped(start)
+            operation = WithStartWorkflowOperation(
+                AgentWorkflow.run,
+                inp,
+                id=session_id,
+                task_queue=task_queue or self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=summary,
+                priority=tenant_priority(inp.tenant),
+            )
+            answer = await self.client.execute_update_with_start_workflow(
+                "send", message, start_workflow_operation=operation, result_type=SendResult
+            )
+            return answer
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError):
+                by_session = cause.type == "MessageRefused"
+                what = (
+                    f"refused: {cause.message}"
+                    if by_session
+                    else f"session {session_id} did not take the message: {cause}"
+                )
+                raise MessageRefused(what, reason=cause.message, by_session=by_session) from None
+            raise MessageRefused(
+                f"session {session_id} did not take the message: {cause or err}", reason=str(cause or err)
+            ) from None
 
     # --- events, transcript, fork -----------------------------------------------------------
 
@@ -141,17 +232,6 @@ class AgentClient(Approvals):
             self.client, workflow_id, cursor, deltas=self.deltas, poll_cooldown=poll_cooldown
         ):
             yield event
-
-    async def transcript(self, workflow_id: str) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    async def fork(
-        self, workflow_id: str, *, step: int | None = None, task: str | None = None, new_id: str | None = None
-    ) -> RunRef:
-        raise NotImplementedError
-
-    async def rewind(self, workflow_id: str, *, step: int) -> RunRef:
-        raise NotImplementedError
 
     # --- stopping and listing ------------------------------------------------------------------
 
@@ -211,3 +291,18 @@ class AgentClient(Approvals):
             for wf, agent_state, session in zip(executions, states, sessions, strict=True)
         ]
         return RunPage(runs=runs, next_page_token=_listing.encode_token(listed.next_page_token), total=listed.total)
+
+
+async def _exists(client: Client, workflow_id: str) -> bool:
+    try:
+        await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def _is_session(client: Client, desc: WorkflowExecutionDescription) -> bool:
+    inp = await started_input(client, desc.id, desc.run_id)
+    return inp is not None and inp.session is not None

@@ -41,3 +41,16 @@ class RunNotOpen(AgentClientError):
     def __init__(self, message: str, *, state: str = "") -> None:
         super().__init__(message)
         self.state = state
+
+
+class MessageRefused(AgentClientError):
+    """A session refused the message (not a session, closing, its queue full, a malformed message, ...).
+
+    ``reason`` is the run's own words; ``by_session`` is true when the session's validator refused it
+    (an ``ApplicationError`` of type ``MessageRefused``), false when the update failed otherwise.
+    """
+
+    def __init__(self, message: str, *, reason: str = "", by_session: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.by_session = by_session

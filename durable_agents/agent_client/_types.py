@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from workflows.progress import ProgressEvent
+from workflows.session_types import SendResult
 from workflows.types import AgentResult, PendingApproval, StatusView
 
 # ``resolve`` answers an unknown outcome with ``resolution=``; ``retry``/``mark_done``/``fail`` name it directly.
@@ -113,3 +114,13 @@ class RunEvent(BaseModel):
     turn: int = 0
     attempt: int = 0
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionSend(BaseModel):
+    """What ``send_session`` did: the session's answer, and whether the message started or woke it."""
+
+    workflow_id: str
+    result: SendResult
+    task_queue: str = ""
+    started: bool = False  # no run had the id: the message started the session
+    woke: str = ""  # the session had ended (this is how): the message woke it; "" when it was running

@@ -32,18 +32,17 @@ from pydantic import ValidationError
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
-    WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.settings import Settings
+from durable_agents.agent_client._client import AgentClient
+from durable_agents.agent_client._errors import MessageRefused
 from durable_agents.cli.approval_text import question_lines
 from durable_agents.cli.approvals import add_run_options, load_run_policy, running_view
 from durable_agents.cli.common import (
@@ -66,7 +65,6 @@ from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.owners import owned, tree
 from durable_agents.cli.review import read_answer
 from durable_agents.cli.watch import ASKING, EventPrinter, events, mode_for
-from durable_agents.fairness import tenant_priority
 from workflows.agent import AgentWorkflow
 from workflows.call_view import call_lines
 from workflows.progress import ProgressEvent
@@ -258,26 +256,15 @@ class Chat:
 
     async def send(self, message: SessionMessage) -> SendResult | None:
         """The ``send`` update with start: its answer, or None after printing the refusal."""
-        start = WithStartWorkflowOperation(
-            AgentWorkflow.run,
-            self.inp,
-            id=self.session_id,
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            static_summary=f"chat session of {self.reviewer}",
-            priority=tenant_priority(self.inp.tenant),
-        )
         watchdog = asyncio.ensure_future(
             warn_when_no_worker(self.client, self.session_id, self.task_queue, doing=WAITING)
         )
         try:
-            result: SendResult = await self.client.execute_update_with_start_workflow(
-                "send", message, start_workflow_operation=start, result_type=SendResult
+            result = await AgentClient(self.client, task_queue=self.task_queue).deliver(
+                self.session_id, message, start=self.inp, summary=f"chat session of {self.reviewer}"
             )
-        except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            print(f"refused: {cause.message if isinstance(cause, ApplicationError) else cause}", flush=True)
+        except MessageRefused as err:
+            print(f"refused: {err.reason}", flush=True)
             return None
         finally:
             watchdog.cancel()

@@ -22,16 +22,12 @@ from typing import Any
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
-    WithStartWorkflowOperation,
     WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.crypto.codec import PayloadsEncrypted
@@ -43,8 +39,10 @@ from durable_agents.cli.common import (
     QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
+    agent_client,
     check_agent_run,
     cli_command,
+    client_errors,
     closed_result,
     ended_state,
     following,
@@ -59,8 +57,6 @@ from workflows.session_types import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGE_ID_CHARS,
     CloseSignal,
-    SendResult,
-    SessionMessage,
     SessionSpec,
 )
 from workflows.types import AgentInput, StatusView
@@ -182,43 +178,27 @@ def _not_a_session(workflow_id: str, desc: WorkflowExecutionDescription) -> CliE
     )
 
 
+@client_errors
 async def cmd_send(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     workflow_id: str = args.workflow_id
-    message = SessionMessage(
-        message_id=args.message_id or uuid.uuid4().hex, text=read_message(args.text), sender=args.sender
-    )
+    text = read_message(args.text)
+    message_id = args.message_id or uuid.uuid4().hex
+    agents = agent_client(client, settings)
     desc = await _describe(client, workflow_id)
-    ended = desc is not None and desc.status != WorkflowExecutionStatus.RUNNING
-    if desc is not None and ended and not await is_session(client, workflow_id, desc.run_id):
-        raise _not_a_session(workflow_id, desc)
     task_queue = desc.task_queue if desc is not None else settings.temporal.task_queue
-    on_interrupt(
-        f"message {message.message_id} may or may not have been taken: see {cli_command(f'status {workflow_id}')}"
-    )
-    start = WithStartWorkflowOperation(
-        AgentWorkflow.run,
-        AgentInput(session=SessionSpec()),
-        id=workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    on_interrupt(f"message {message_id} may or may not have been taken: see {cli_command(f'status {workflow_id}')}")
     watchdog = asyncio.ensure_future(warn_when_no_worker(client, workflow_id, task_queue, doing=WAITING))
     try:
-        answer: SendResult = await client.execute_update_with_start_workflow(
-            "send", message, start_workflow_operation=start, result_type=SendResult
+        sent = await agents.send_session(
+            workflow_id, text, message_id=message_id, sender=args.sender, start=AgentInput(session=SessionSpec())
         )
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "MessageRefused":
-            raise CliError(f"refused: {cause.message}") from None
-        raise CliError(f"session {workflow_id} did not take the message: {cause or err}") from None
     finally:
         watchdog.cancel()
-    if desc is None:
-        print(f"started session {workflow_id} on task queue {task_queue}")
-    elif desc.status != WorkflowExecutionStatus.RUNNING:
-        print(f"woke session {workflow_id} (it had ended: {await _ended(client, desc)})")
+    answer = sent.result
+    if sent.started:
+        print(f"started session {workflow_id} on task queue {sent.task_queue}")
+    elif sent.woke:
+        print(f"woke session {workflow_id} (it had ended: {sent.woke})")
     print(f"accepted: message {answer.seq}" + (" (sent before: the same message)" if answer.duplicate else ""))
     sys.stdout.flush()
     code = 0

@@ -20,7 +20,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 from activities.checkpoints.ids import unsaved_base
-from durable_agents.cli.common import EXIT_USAGE, CliError
+from durable_agents.agent_client._errors import InvalidRequest
 
 MODEL_ACTIVITY = "model"
 _OUTCOME_KEYS = {"ok", "preview", "size_bytes", "checkpoint"}
@@ -53,16 +53,15 @@ def checkpoint_states(events: Sequence[HistoryEvent]) -> dict[int, str]:
 
 
 def refuse_uncheckpointed(events: Sequence[HistoryEvent], workflow_id: str, step: int, what: str) -> None:
-    """``CliError`` (exit 2) when step ``step`` of the run has no workspace checkpoint of its own."""
+    """``InvalidRequest`` when step ``step`` of the run has no workspace checkpoint of its own."""
     states = checkpoint_states(events)
     if unsaved_base(states.get(step, "")) is None:
         return
     earlier = max((s for s, state in states.items() if s < step and unsaved_base(state) is None), default=0)
-    raise CliError(
+    raise InvalidRequest(
         f"step {step} of run {workflow_id} has no workspace checkpoint of its own (its checkpoints had stopped "
         f"at AGENT_CHECKPOINT_RUN_MAX_MB/_COUNT, or that step's files could not be checkpointed): "
-        f"{what} at step {earlier} or earlier",
-        code=EXIT_USAGE,
+        f"{what} at step {earlier} or earlier"
     )
 
 
