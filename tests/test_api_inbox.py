@@ -164,3 +164,51 @@ async def test_the_inbox_approves_rejects_and_edits_in_a_real_browser(
     assert (tmp_path / "inbox.png").stat().st_size > 10_000
     if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":
         shutil.copyfile(tmp_path / "inbox.png", ROOT / "docs" / "img" / "inbox.png")
+
+
+def answer_in_inbox(driver: webdriver.Chrome, url: str, option: str) -> str:
+    driver.get(f"{url}/#token={ALICE.token}")
+
+    def question(d: webdriver.Chrome) -> WebElement | bool:
+        cards = [c for c in d.find_elements(By.CSS_SELECTOR, "article.approval") if c.get_attribute("data-key")]
+        return next((c for c in cards if "Which region?" in c.find_element(By.CSS_SELECTOR, ".question").text), False)
+
+    card = cast(WebElement, WebDriverWait(driver, WAIT_S).until(question))
+    assert not card.find_element(By.CSS_SELECTOR, ".call-actions").is_displayed()  # a question: no approve/reject
+    [button] = [b for b in card.find_elements(By.CSS_SELECTOR, "button.option") if b.text == option]
+    button.click()
+    return decided(driver, card)
+
+
+async def test_the_inbox_answers_a_question_with_one_of_its_options(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    browser: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    tokens = write_tokens(tmp_path / "tokens.json")
+    address = dev_env.client.service_client.config.target_host
+    asked = json.dumps({"question": "Which region?", "options": ["eu", "us"], "allow_free_text": False})
+    llm.enqueue(Scripted(tool_calls=[("ask_human", asked)]), Scripted(text="eu it is"))
+    runtime.search_attributes_ready = True
+    async with run_worker(dev_env.client, runtime) as tq:
+        api = await asyncio.to_thread(ServeProcess, address, tq, tokens, tmp_path / "api.log")
+        try:
+            async with httpx.AsyncClient(base_url=api.url, headers=ALICE.headers, timeout=60) as http:
+                started = await http.post("/v1/runs", json={"task": "pick a region"})
+                assert started.status_code == 201, started.text
+                wid = started.json()["workflow_id"]
+                result = await asyncio.to_thread(answer_in_inbox, browser, api.url, "eu")
+
+                async def closed() -> dict[str, object] | None:
+                    view = (await http.get(f"/v1/runs/{wid}")).json()
+                    return view if view["state"] == "completed" else None
+
+                view = await eventually(closed, "the run completes after the answer")
+        finally:
+            await asyncio.to_thread(api.stop)
+    assert result and view["output"] == "eu it is"
+    tool_messages = [m["content"] for m in llm.requests[1]["body"]["messages"] if m["role"] == "tool"]
+    assert any("eu" in m for m in tool_messages), tool_messages
