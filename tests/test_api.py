@@ -367,32 +367,3 @@ def test_the_docs_token_recipe_makes_an_entry_the_api_accepts(tmp_path: Path) ->
     found = TokenRegistry(path).lookup(token)
     assert found is not None and found.tenant == "acme"
     assert TokenRegistry(path).lookup(token + "x") is None
-
-
-async def test_a_token_over_its_open_streams_gets_429_until_one_closes(
-    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, tokens: Path, llm: FakeLLMServer
-) -> None:
-    llm.enqueue(Scripted(tool_calls=[("ask_human", json.dumps({"question": "go?"}))]), Scripted(text="went"))
-    runtime.search_attributes_ready = True
-    async with (
-        run_worker(dev_env.client, runtime) as tq,
-        serve_api(dev_env.client, tq, tokens, store_url=runtime.settings.store_url, max_streams_per_token=1) as url,
-        httpx.AsyncClient(base_url=url, timeout=60) as http,
-    ):
-        wid = await start(http, ALICE, task="ask first")
-        events = f"/v1/runs/{wid}/events"
-        async with http.stream("GET", events, headers=ALICE.headers) as first:
-            assert first.status_code == 200
-            await anext(first.aiter_lines())  # the stream is open
-            second = await http.get(events, headers=ALICE.headers)
-            assert second.status_code == 429 and second.headers["retry-after"], second.text
-            # Another token has streams of its own.
-            async with http.stream("GET", events, headers=CAROL.headers) as other:
-                assert other.status_code == 200
-
-        async def reopened() -> bool:
-            async with http.stream("GET", events, headers=ALICE.headers) as again:
-                return again.status_code == 200
-
-        await eventually(reopened, "a stream once the first one closed")
-        await http.post(f"/v1/runs/{wid}/cancel", json={}, headers=ALICE.headers)

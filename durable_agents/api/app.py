@@ -64,7 +64,6 @@ def create_app(
     local_reviewer: str = "local",
     max_body_bytes: int = 1024 * 1024,
     rate_per_minute: int = 600,
-    max_streams_per_token: int = 1000,
     ui_url: str = "",
     namespace: str = "default",
 ) -> FastAPI:
@@ -86,7 +85,6 @@ def create_app(
         local=local_token(local_reviewer),
         limiter=RateLimiter(rate_per_minute),
         fanout=Fanout(client),
-        max_streams_per_token=max_streams_per_token,
         ui_url=ui_url.rstrip("/"),
         namespace=namespace,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
 
@@ -21,8 +21,6 @@ class ApiState:
     local: Token
     limiter: RateLimiter
     fanout: Fanout  # one reader per followed run in this process
-    max_streams_per_token: int = 1000  # open event streams one token may hold in this process (more: 429)
-    streams: dict[str, int] = field(default_factory=dict)  # open event streams, by token digest
     ui_url: str = ""  # the Temporal UI, for the inbox's links to runs
     namespace: str = "default"
 

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
-from starlette.background import BackgroundTask
 
 from durable_agents.agent_client import RunRef, RunSummary
 from durable_agents.api import sse
@@ -124,19 +123,8 @@ async def run_events(
         raise HTTPException(400, str(exc)) from None
     await who.client.run(workflow_id)  # RunNotFound (404) for another tenant's run, before any byte is sent
     api = state_of(request)
-    holder = who.token.sha256
-    if api.streams.get(holder, 0) >= api.max_streams_per_token:
-        raise HTTPException(429, "too many open event streams for this token", headers={"Retry-After": "5"})
-    api.streams[holder] = api.streams.get(holder, 0) + 1
-
-    async def closed() -> None:  # a background task: it runs when the response ends, also when the client left early
-        api.streams[holder] -= 1
-        if not api.streams[holder]:
-            del api.streams[holder]
-
     return StreamingResponse(
-        sse.stream(api.fanout.events(workflow_id, cursor)),
-        background=BackgroundTask(closed),
+        sse.stream(api.fanout.events(workflow_id, cursor), sse.disconnected(request.receive)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from starlette.types import Message
 
 from durable_agents.agent_client import AgentClientError, EventCursor, RunEvent
 
@@ -27,18 +29,33 @@ def cursor_of(last_event_id: str | None, after: str | None) -> EventCursor | Non
     return EventCursor.parse(text) if text else None
 
 
+async def disconnected(receive: Callable[[], Awaitable[Message]]) -> None:
+    """Returns when the ASGI server reports the client gone (``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def frame(event: RunEvent) -> bytes:
     data = event.model_dump_json(exclude_none=True)
     return f"id: {event.cursor}\nevent: {event.kind}\ndata: {data}\n\n".encode()
 
 
-async def stream(events: AsyncIterator[RunEvent], *, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[bytes]:
-    """The SSE body: every event, a heartbeat comment whenever none came for ``heartbeat_s``, then ``end``."""
+async def stream(
+    events: AsyncIterator[RunEvent], gone: Awaitable[object], *, heartbeat_s: float = HEARTBEAT_S
+) -> AsyncIterator[bytes]:
+    """The SSE body: every event, a heartbeat comment whenever none came for ``heartbeat_s``, then ``end``.
+
+    ``gone`` completes when the client disconnects: the stream stops then, not at its next write (a
+    stream waiting for a quiet run would otherwise hold its reader and its slot until the heartbeat).
+    """
     pending: asyncio.Task[RunEvent] | None = asyncio.ensure_future(anext(events))
+    left = asyncio.ensure_future(gone)
     yield b"retry: 1000\n\n"
     try:
         while pending is not None:
-            done, _ = await asyncio.wait({pending}, timeout=heartbeat_s)
+            done, _ = await asyncio.wait({pending, left}, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+            if left in done:
+                return
             if not done:
                 yield b": heartbeat\n\n"
                 continue
@@ -59,6 +76,7 @@ async def stream(events: AsyncIterator[RunEvent], *, heartbeat_s: float = HEARTB
         yield b"event: end\ndata: {}\n\n"
     finally:
         # The client went away (or the run ended): stop reading the run for it.
+        left.cancel()
         if pending is not None and not pending.done():
             pending.cancel()
             with contextlib.suppress(BaseException):
