@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # and subprocesses, so three processes keep 2 cores busy: the suite takes under half its serial time.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test server stop bwrap venv lint bench clean mcp-servers cluster cluster-stop deploy-check docs docs-serve docs-gen
+.PHONY: demo test server stop bwrap chromium venv lint bench clean mcp-servers cluster cluster-stop deploy-check docs docs-serve docs-gen
 
 venv: $(STAMP)
 
@@ -25,6 +25,16 @@ bwrap:
 	    echo "installing bubblewrap"; apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else \
 	    echo "bubblewrap (bwrap) is missing: install it with 'sudo apt-get install bubblewrap'"; exit 1; \
+	  fi; \
+	fi
+
+# The approval inbox's browser test drives Debian's chromium through chromium-driver (selenium).
+chromium:
+	@if ! command -v chromedriver >/dev/null || ! { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver"; apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "chromium or chromium-driver is missing: install them with 'sudo apt-get install chromium chromium-driver'"; exit 1; \
 	  fi; \
 	fi
 
@@ -78,7 +88,7 @@ docs-serve: venv
 docs-gen: venv
 	$(PY) -m scripts.gen_docs
 
-test: venv bwrap mcp-servers lint deploy-check
+test: venv bwrap chromium mcp-servers lint deploy-check
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Each writes bench/results/<name>.json. A bench that misses its target exits 1: `make -k bench` runs them all.
@@ -98,6 +108,7 @@ bench: venv bwrap mcp-servers
 	$(PY) -m bench.regex_isolation --repeat 7
 	$(PY) -m bench.codec_latency --samples 50
 	$(PY) -m bench.cli_tools --repeat 7
+	$(PY) -m bench.sse_fanout --clients 200 --turns 20
 	$(PY) -m bench.memory_search --entries 100000 --queries 200
 
 clean: stop

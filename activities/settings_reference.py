@@ -33,6 +33,7 @@ WORKER = "Worker"
 OBSERVABILITY = "Logs, metrics and traces"
 ENCRYPTION = "Encryption and the codec server"
 MEMORY = "Long-term memory"
+API = "HTTP API"
 
 SECTIONS = (
     TEMPORAL,
@@ -46,6 +47,7 @@ SECTIONS = (
     WORKER,
     OBSERVABILITY,
     ENCRYPTION,
+    API,
 )
 
 VARIABLES: tuple[Variable, ...] = (
@@ -465,5 +467,26 @@ VARIABLES: tuple[Variable, ...] = (
         ENCRYPTION,
         "`make server` passes it to the dev server's `--ui-codec-endpoint`.",
         "encryption.ui_codec_endpoint",
+    ),
+    # --- The HTTP API
+    Variable("AGENT_API_PORT", API, "Port `starter.py serve` listens on (`--port` wins).", "api.port"),
+    Variable(
+        "AGENT_API_TOKENS_FILE",
+        API,
+        'Tenant tokens of the HTTP API: JSON `{"tokens": [{"sha256", "tenant", "roles", "reviewer"}]}` (the '
+        "SHA-256 of each bearer token, never the token), re-read when it changes. Unset: `serve` refuses to "
+        "start unless `--insecure-local`.",
+        "api.tokens_file",
+        default="unset",
+        kind="path",
+    ),
+    Variable(
+        "AGENT_API_MAX_BODY_BYTES", API, "Largest request body the HTTP API reads (more: 413).", "api.max_body_bytes"
+    ),
+    Variable(
+        "AGENT_API_RATE_PER_MINUTE",
+        API,
+        "Requests one token may make a minute (more: 429 with `Retry-After`).",
+        "api.rate_per_minute",
     ),
 )

@@ -132,16 +132,17 @@ class BuildPy(build_py):
 def setup_arguments() -> dict[str, Any]:
     """``setup()``'s package arguments for the layout being built (see the module docstring)."""
     typed = ["py.typed"]
+    inbox = {f"{PREFIX}.api": ["inbox/*.html", "inbox/*.js", "inbox/*.css"]}  # the approval inbox's page
     if editable:
         return {
             "packages": find_packages(str(ROOT), include=[f"{name}*" for name in (*OWN_PACKAGES, PREFIX)]),
             "py_modules": list(OWN_MODULES),
-            "package_data": {name: typed for name in (*OWN_PACKAGES, PREFIX)},
+            "package_data": {**{name: typed for name in (*OWN_PACKAGES, PREFIX)}, **inbox},
             "cmdclass": {"build_py": BuildPy},
         }
     return {
         "packages": wheel_packages(),
         "package_dir": {f"{PREFIX}.{name}": name for name in OWN_PACKAGES},
-        "package_data": {PREFIX: typed, **{f"{PREFIX}.{name}": typed for name in OWN_PACKAGES}},
+        "package_data": {PREFIX: typed, **{f"{PREFIX}.{name}": typed for name in OWN_PACKAGES}, **inbox},
         "cmdclass": {"build_py": BuildPy},
     }

@@ -46,7 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "worker.py", "starter.py")
 SOURCE_DIRS = ("durable_agents", "workflows", "activities", "scripts")
 # The importable libraries of the extras (and what only they pull in: httpx2 comes with mcp).
-EXTRA_LIBRARIES = ("e2b", "psycopg", "psycopg_pool", "psycopg_binary", "mcp", "httpx2", "starlette", "uvicorn")
+EXTRA_LIBRARIES = (
+    *("e2b", "psycopg", "psycopg_pool", "psycopg_binary", "mcp", "httpx2", "starlette", "uvicorn", "fastapi"),
+)
 HANG_GUARD_S = 4 * DEADLINE_S  # a subprocess that never ends fails the test instead of hanging it
 ITEM = "A-7"
 STOCK = f"{ITEM}: 7 in stock (the project's own tool)"
@@ -326,13 +328,15 @@ def test_the_wheel_holds_durable_agents_alone(wheel: Path) -> None:
         assert f"durable_agents/{moved}" in names
     for package in ("", "workflows/", "activities/"):
         assert f"durable_agents/{package}py.typed" in names
+    for page in ("index.html", "inbox.js", "inbox.css"):  # the approval inbox starter.py serve serves
+        assert f"durable_agents/api/inbox/{page}" in names
     assert "durable-agents = durable_agents.cli.entry:main" in entry_points
     assert "durable-agents-worker = durable_agents.cli.entry:worker_main" in entry_points
     requires = [
         line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist")
     ]
     extras = {"e2b": "e2b", "psycopg": "postgres", "psycopg-pool": "postgres", "mcp": "mcp"}
-    extras.update(starlette="server", uvicorn="server")
+    extras.update(starlette="server", uvicorn="server", fastapi="server")
     for library, extra in extras.items():
         (line,) = [r for r in requires if re.match(r"[\w.-]+", r).group() == library]  # type: ignore[union-attr]
         assert line.endswith(f'; extra == "{extra}"'), line
@@ -420,6 +424,11 @@ async def test_without_the_extras_the_defaults_run_and_each_feature_names_its_ex
     assert codec.returncode == 2, (codec.stdout, codec.stderr)
     assert codec.stderr == ("error: the codec server needs the server extra: pip install 'durable-agents[server]'\n"), (
         codec.stderr
+    )
+    api = await child([str(bin_dir / "durable-agents"), "serve", "--insecure-local"], env, tmp_path)
+    assert api.returncode == 2, (api.stdout, api.stderr)
+    assert api.stderr == "error: the HTTP API needs the server extra: pip install 'durable-agents[server]'\n", (
+        api.stderr
     )
 
 

@@ -39,6 +39,7 @@ from activities.settings.parts import (
     DEFAULT_STATE_DIR,
     DEFAULT_UID_BASE,
     RUN_MAX_FACTOR,
+    ApiSettings,
     CheckpointSettings,
     E2BConfig,
     EncryptionSettings,
@@ -57,6 +58,7 @@ from activities.settings.reader import (
     TRACE_EXPORTERS,
     ConfigurationError,
     Reader,
+    api_settings,
     bad_file,
     default_model,
     e2b_config,
@@ -83,6 +85,7 @@ __all__ = [
     "RUN_MAX_FACTOR",
     "SANDBOX_BACKENDS",
     "TRACE_EXPORTERS",
+    "ApiSettings",
     "CheckpointSettings",
     "ConfigurationError",
     "E2BConfig",
@@ -117,6 +120,7 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
+    api: ApiSettings = field(default_factory=ApiSettings)  # AGENT_API_*: starter.py serve
     http_allow: tuple[str, ...] = ()
     store_url: str = str(DEFAULT_STATE_DIR / "store.sqlite3")
     state_dir: Path = DEFAULT_STATE_DIR
@@ -208,6 +212,7 @@ class Settings:
                 max_mb=reader.integer("AGENT_MEMORY_MAX_MB", 64, low=1, high=1024 * 1024),
                 ttl_days=reader.number("AGENT_MEMORY_TTL_DAYS", 0.0, positive=True) or None,
             ),
+            api=api_settings(reader),
             http_allow=tuple(h.lower() for h in reader.names("AGENT_HTTP_ALLOW")),
             store_url=store_url_of(reader, state_dir),
             state_dir=state_dir,

@@ -179,3 +179,13 @@ class EncryptionSettings:
     @property
     def enabled(self) -> bool:
         return self.keyring is not None
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The HTTP API (``starter.py serve``, ``AGENT_API_*``)."""
+
+    port: int = 8080  # AGENT_API_PORT (``--port`` wins)
+    tokens_file: str = ""  # AGENT_API_TOKENS_FILE: the tenant tokens (hashes only); unset: only --insecure-local
+    max_body_bytes: int = 1024 * 1024  # AGENT_API_MAX_BODY_BYTES: a larger request body is 413
+    rate_per_minute: int = 600  # AGENT_API_RATE_PER_MINUTE: requests one token may make a minute (more: 429)

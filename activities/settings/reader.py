@@ -16,6 +16,7 @@ from activities.crypto.keyring import KeyRing
 from activities.settings.parts import (
     DEFAULT_CODEC_ORIGINS,
     DEFAULT_UID_BASE,
+    ApiSettings,
     E2BConfig,
     EncryptionSettings,
     LocalLimits,
@@ -171,6 +172,16 @@ def encryption_settings(reader: Reader) -> EncryptionSettings:
         ui_codec_endpoint=endpoint,
         codec_max_payloads=reader.integer("AGENT_CODEC_MAX_PAYLOADS", 10_000, low=1, high=10_000_000),
         codec_deadline_s=reader.number("AGENT_CODEC_DEADLINE_S", 10.0, positive=True),
+    )
+
+
+def api_settings(reader: Reader) -> ApiSettings:
+    default = ApiSettings()
+    return ApiSettings(
+        port=reader.integer("AGENT_API_PORT", default.port, low=0, high=65535),
+        tokens_file=reader.text("AGENT_API_TOKENS_FILE"),
+        max_body_bytes=reader.integer("AGENT_API_MAX_BODY_BYTES", default.max_body_bytes, low=1024, high=1 << 30),
+        rate_per_minute=reader.integer("AGENT_API_RATE_PER_MINUTE", default.rate_per_minute, low=1, high=1_000_000),
     )
 
 

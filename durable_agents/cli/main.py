@@ -97,6 +97,8 @@ from durable_agents.cli.runs import (
 )
 from durable_agents.cli.sandboxes import add_command as add_sandboxes_command
 from durable_agents.cli.sandboxes import cmd_sandboxes
+from durable_agents.cli.serve import add_command as add_serve_command
+from durable_agents.cli.serve import cmd_serve
 from durable_agents.cli.sessions import add_close_command, add_send_command, cmd_close, cmd_send
 from durable_agents.cli.tools import add_command as add_tools_command
 from durable_agents.cli.tools import cmd_tools
@@ -131,6 +133,7 @@ COMMANDS: dict[str, Command] = {
     "chat": cmd_chat,
     "forget": cmd_forget,
     "schedule": schedule.cmd_schedule,
+    "serve": cmd_serve,
 }
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -171,6 +174,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_tools_command(sub)
     add_memory_command(sub)
     add_codec_command(sub)
+    add_serve_command(sub)
     return parser
 
 
