@@ -110,4 +110,10 @@ async def test_watching_a_run_for_its_whole_life_adds_nothing_to_its_history(
     watched_kinds, watched_updates = await history(client, watched.workflow_id)
     alone_kinds, alone_updates = await history(client, alone.workflow_id)
     assert watched_updates == alone_updates == ["decide"], watched_updates  # no __temporal_workflow_stream_poll
-    assert watched_kinds == alone_kinds, (watched_kinds, alone_kinds)
+
+    # Workflow tasks are left out: how many the server makes depends on when the decision arrived
+    # (during a task or between two), not on who watched.
+    def commands(kinds: Counter[str]) -> Counter[str]:
+        return Counter({kind: n for kind, n in kinds.items() if "WORKFLOW_TASK" not in kind})
+
+    assert commands(watched_kinds) == commands(alone_kinds), (watched_kinds, alone_kinds)
