@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -17,6 +18,7 @@ from activities.runtime import Runtime
 from tests.conftest import REPLAY_MODES, WorkerFactory, start_agent, with_settings
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.types import (
     AgentResult,
@@ -232,6 +234,11 @@ async def test_approval_expires_after_24h_and_late_decisions_are_refused(
     assert any("already decided (expired)" in r for r in view.refused)
 
 
+async def approval_timer_started(handle: WorkflowHandle[Any, Any]) -> bool:
+    history = await handle.fetch_history()
+    return any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
+
+
 async def test_operator_policy_snapshot_survives_a_restart_with_an_edited_file(
     dev_env: WorkflowEnvironment,
     runtime: Runtime,
@@ -251,6 +258,10 @@ async def test_operator_policy_snapshot_survives_a_restart_with_an_edited_file(
     async with run_worker(dev_env.client, rt) as tq:
         handle = await start(dev_env.client, tq)
         aid = (await pending(handle)).pending_approvals[0].approval_id
+        # A query can show the approval before the workflow task that opens it has completed; stop the
+        # worker only once that task is in history (its expiry timer started), so that the signal below
+        # reaches an open approval and not the same task as the turn that opens it.
+        await eventually(lambda: approval_timer_started(handle), "the approval's task is in history")
     # The worker is gone; the operator loosens the file; a new worker (forced replay) continues the run.
     policy_file.write_text(json.dumps({"rules": [{"name": "shell-ok", "tool": "run_shell", "decision": "allow"}]}))
     async with run_worker(
