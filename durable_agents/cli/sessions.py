@@ -16,13 +16,11 @@ import argparse
 import asyncio
 import sys
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
-    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
@@ -30,14 +28,12 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.crypto.codec import PayloadsEncrypted
 from activities.settings import Settings
 from durable_agents.agent_client._errors import RunNotOpen
 from durable_agents.cli.common import (
     EXIT_RUN,
     EXIT_USAGE,
     QUERY_TIMEOUT,
-    QUICK_QUERY_TIMEOUT,
     RPC_TIMEOUT,
     CliError,
     agent_client,
@@ -49,7 +45,6 @@ from durable_agents.cli.common import (
     following,
     on_interrupt,
     raise_if_cancelled,
-    started_input,
     warn_when_no_worker,
 )
 from durable_agents.cli.watch import EventPrinter, events, mode_for
@@ -118,43 +113,6 @@ async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescri
         raise
     check_agent_run(desc)
     return desc
-
-
-@dataclass(frozen=True)
-class SessionRow:
-    """What ``list`` shows of a run as a session."""
-
-    session: bool = False
-    state: str = ""  # a running session's state from its status query ("idle"); "" when not asked or no answer
-    messages: int | None = None  # messages taken so far (a running session's answer, else what its input carried)
-
-
-async def session_of(client: Client, wf: WorkflowExecution) -> SessionRow:
-    """Whether a listed run is a session; a running one's state and message count from its status query."""
-    try:
-        inp = await started_input(client, wf.id, wf.run_id)
-    except PayloadsEncrypted:  # a run this CLI has no keys for is listed all the same, unmarked
-        return SessionRow()
-    except (RPCError, RPCTimeoutOrCancelledError) as err:
-        raise_if_cancelled()
-        if isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE:
-            raise
-        return SessionRow()
-    if inp is None or inp.session is None:
-        return SessionRow()
-    carried = inp.carry.session.messages if inp.carry is not None and inp.carry.session is not None else None
-    if wf.status != WorkflowExecutionStatus.RUNNING:
-        return SessionRow(True, "", carried)
-    try:
-        view = StatusView.model_validate(
-            await client.get_workflow_handle(wf.id, run_id=wf.run_id).query(
-                AgentWorkflow.status, rpc_timeout=QUICK_QUERY_TIMEOUT
-            )
-        )
-    except (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError, ValueError, PayloadsEncrypted):
-        raise_if_cancelled()
-        return SessionRow(True, "", carried)
-    return SessionRow(True, view.state, view.messages)
 
 
 def session_marker(row: dict[str, Any]) -> str:
