@@ -139,6 +139,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             self._book.refused, self._book.refused_counts = list(carry.refused), dict(carry.refused_counts)
             self._book.decisions, self._book.decisions_total = list(carry.decisions), carry.decisions_total
             self._book.remembered = list(carry.remembered)
+        self._book.on_open = self._take_early
+        self._early = []  # decisions that came in the task that opens their approval (``_keep_early``)
+        self._early_tasks = set()
         self._operator_policy = Policy()
         self._run_policy: Policy | None = None
         # Sub-agents: the children started (only they may report approvals) and what each waits for.

@@ -65,6 +65,14 @@ REFUSAL_EVENTS = 20
 REFUSAL_EVENT_EVERY = 100
 REFUSAL_LINES_PER_TASK = 5  # log lines of refusals one activation writes at most (the status counts them all)
 
+# A decision signal can arrive in the same workflow task as the model turn that opens its approval (a
+# reviewer who saw the approval in a query answered before that task was completed, then the worker was
+# lost): the SDK runs signal handlers before it resolves the turn's activity, so the approval is not open
+# yet. Such a decision is refused as unknown and kept; if the approval opens in that same task, it is
+# decided again then. A decision for an approval that opens in a later task is never taken.
+EARLY_DECISION_PATCH = "early-decision-signal-v1"
+EARLY_KEPT = 20
+
 # The run's housekeeping activities (signature checks here; transcript, compensation, cleanup in the loop).
 HOUSEKEEPING_TIMEOUT = timedelta(seconds=30)
 HOUSEKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
@@ -82,6 +90,8 @@ class ApprovalHandlers:
     _report_seq: int
     _reports: set[asyncio.Future[None]]
     _child_reports_on: bool  # started by an AgentWorkflow: reports to its parent
+    _early: list[tuple[datetime, DecideRequest]]  # unknown-id signal decisions, with the task time they came at
+    _early_tasks: set[asyncio.Task[DecideResult]]
 
     def _emit(self, kind: EventKind, text: str, tool: str = "", **data: object) -> None:
         raise NotImplementedError  # AgentWorkflow's: one progress event
@@ -296,6 +306,8 @@ class ApprovalHandlers:
                 f"refused {request.decision} by {quote(request.reviewer)} via {source}: {problem.text}",
                 approval_id=aid,
             )
+            if problem.kind == "unknown_approval" and source == "signal":
+                self._keep_early(request)
             if source == "update" and problem.kind != ALREADY_DECIDED:
                 raise ApplicationError(problem.text, type="DecisionRefused", non_retryable=True)
             return DecideResult(accepted=False, message=problem.text)
@@ -328,6 +340,23 @@ class ApprovalHandlers:
         kind: EventKind = "question_answered" if request.decision == "answer" else "approval_decided"
         self._emit(kind, text, pending.tool, approval_id=aid, outcome=outcome)
         return DecideResult(accepted=True, message=text)
+
+    def _keep_early(self, request: DecideRequest) -> None:
+        if workflow.patched(EARLY_DECISION_PATCH):
+            self._early = [*self._early[-(EARLY_KEPT - 1) :], (workflow.now(), request)]
+
+    def _take_early(self, approval_id: str) -> None:
+        """Decide again what was kept for ``approval_id`` in this same task (``ApprovalBook.on_open``)."""
+        now = workflow.now()
+        taken = [request for at, request in self._early if at == now and request.approval_id == approval_id]
+        self._early = [(at, request) for at, request in self._early if at == now and request.approval_id != approval_id]
+        for request in taken:
+            workflow.logger.info(
+                "approval %s: deciding the %s that came in the task that opened it", approval_id, request.decision
+            )
+            task = asyncio.create_task(self._decide(request, source="signal"))
+            self._early_tasks.add(task)
+            task.add_done_callback(self._early_tasks.discard)
 
     def _content_problem(self, request: DecideRequest) -> Problem | None:
         """What the decision carries that its approval cannot take (checked once the approval is known)."""

@@ -7,6 +7,7 @@ decision is accepted or refused identically on replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -65,10 +66,13 @@ class ApprovalBook:
         self.decisions: list[DecisionRecord] = []  # the audit, newest last (bounded)
         self.decisions_total = 0
         self.calls: dict[str, ToolCall] = {}  # approval id -> the call as the model made it (edits re-check it)
+        self.on_open: Callable[[str], None] | None = None  # told each approval id as it opens
 
     def open(self, approval: PendingApproval, expires_at: datetime) -> None:
         self.pending[approval.approval_id] = approval
         self.expires[approval.approval_id] = expires_at
+        if self.on_open is not None:
+            self.on_open(approval.approval_id)
 
     def problem(self, approval_id: str, decision: str, reviewer: str, signature: str, now: datetime) -> Problem | None:
         """Why a decision must be refused, or None when it may be recorded (signature aside)."""

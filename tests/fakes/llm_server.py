@@ -57,8 +57,9 @@ class Scripted:
     ``chat.completion.chunk`` events and ``data: [DONE]``, usage last when ``stream_options.include_usage``;
     Anthropic ``message_start`` ... ``message_stop``), the text in pieces of ``chunk_chars``.
     ``hold`` makes the server send the first piece and then wait for that event before the rest (a test
-    sees a delta while the turn is still open); ``cut_after`` drops the connection after that many events
-    (a model failing mid-stream).
+    sees a delta while the turn is still open); a reply with no text (or not streamed) waits for it
+    before anything is sent; ``cut_after`` drops the connection after that many events (a model failing
+    mid-stream). What is sent is recorded with the request (``requests[i]["reply"]``) before any hold.
     ``honest_usage`` reports usage as a real server would: input tokens from the size of the
     request (its JSON bytes / 4), output tokens ``output_tokens`` cut at the request's own cap
     (``max_tokens`` or ``max_completion_tokens``, when it sends one). The reported usage is
@@ -370,12 +371,20 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 else:
                     payload = server.render(path, parsed, reply)
                 entry["usage"] = reply.usage(parsed)
+                entry["reply"] = payload or "".join(events)  # what is sent (kept before a ``hold``)
             except Exception as exc:  # a broken test callable should fail the call, not hang it
                 self._send(500, _error_body(path, 500, f"fake server error: {exc!r}"), {})
                 return
             if reply.delay_s > 0 and server._stopping.wait(reply.delay_s):
                 self.close_connection = True  # stopped while waiting: no answer
                 return
+            if streamed and reply.text:
+                self._stream(events, reply, entry)
+                return
+            while reply.hold is not None and not reply.hold.wait(0.05):
+                if server._stopping.is_set():
+                    self.close_connection = True
+                    return
             if streamed:
                 self._stream(events, reply, entry)
             else:
