@@ -396,3 +396,48 @@ def test_ctrl_c_mid_turn_and_joining_a_session_at_work(setup: Setup) -> None:
     assert "Traceback" not in term.text + joiner.text
     status = _status(setup, session_id)
     assert status["state"] == "idle" and status["replied"] == 1 and status["output"] == "worth the wait", status
+
+
+def test_chat_and_run_follow_print_the_models_text_as_it_streams(setup: Setup) -> None:
+    """The first piece of a reply is on the terminal while the model is still answering (the fake server holds
+    the rest), on the reply's own line; the finished reply is not printed a second time. (The worker holds back
+    the last characters it has, as many as twice its longest secret, until more come: a first piece of 40.)"""
+    reply = "streamed reply, piece by piece, each as it comes from the model"
+    gate = threading.Event()
+    setup.llm.enqueue(Scripted(text=reply, chunk_chars=40, hold=gate))
+    before = len(setup.chat_bodies())
+    term = Terminal(setup.cli.env, "chat", "--reviewer", "sam")
+    try:
+        term.expect("you> ")
+        term.type(b"stream to me\n")
+        term.expect("agent> streamed reply")  # the first piece, while the model call is open
+        assert not gate.is_set()
+        assert setup.chat_bodies()[before].get("stream") is True  # someone listened: the turn streamed
+        gate.set()
+        shown = term.expect("you> ")
+        assert "each as it comes from the model" in shown, term.text
+        term.type(b"\x04")  # Ctrl-D leaves
+        term.wait()
+    finally:
+        gate.set()
+        term.kill()
+    assert term.text.count(reply) == 1, term.text
+
+    gate = threading.Event()
+    answer = "a followed run's answer, streamed to the terminal that started it"
+    setup.llm.enqueue(Scripted(text=answer, chunk_chars=40, hold=gate))
+    before = len(setup.chat_bodies())
+    term = Terminal(setup.cli.env, "run", "answer me", "--follow")
+    try:
+        term.expect("  a followed run")  # the first piece, indented under the run's progress lines
+        assert not gate.is_set()
+        assert setup.chat_bodies()[before].get("stream") is True
+        gate.set()
+        code = term.wait()
+    finally:
+        gate.set()
+        term.kill()
+    assert code == 0, term.text
+    lines = term.text.replace("\r\n", "\n").splitlines()
+    assert f"  {answer}" in lines, term.text  # the streamed line, whole once the turn ended
+    assert "Traceback" not in term.text, term.text

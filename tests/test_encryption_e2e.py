@@ -7,7 +7,6 @@ Temporal stored (WAL files included); the run store's files are read the same wa
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -35,6 +34,7 @@ from tests.conftest import TEMPORAL_CLI, TEST_TOOLS
 from tests.crypto_keys import TEST_ONLY_K1, TEST_ONLY_K2, TEST_ONLY_WRONG_K1, ring
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.scenarios import pending_view
+from tests.waiting import eventually
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, AgentResult, ApproveSignal
@@ -108,13 +108,15 @@ async def start(client: Client, task_queue: str, task: str, **fields: Any) -> Ha
 
 
 async def first_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> Any:
-    """The first event of ``event_type`` in the run's history, waiting for it (at most 60 s)."""
-    for _ in range(600):
+    """The first event of ``event_type`` in the run's history, once there is one."""
+
+    async def found() -> Any:
         async for event in handle.fetch_history_events():
             if event.event_type == event_type:
                 return event
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no {EventType.Name(event_type)} event in {handle.id}")
+        return None
+
+    return await eventually(found, f"a {EventType.Name(event_type)} event in {handle.id}")
 
 
 def key_ids(events: list[Any]) -> set[str]:

@@ -5,7 +5,7 @@ wrong shapes and types, numbers out of range (they once overflowed a timer and
 failed every workflow task, forever), undecodable encodings (a lone surrogate,
 invalid UTF-8, a non-JSON payload), the wrong number of payloads, oversized
 fields and a forged continue-as-new ``carry``. Each must end as a failed run with
-``invalid run input: ...`` within seconds, with no ``WorkflowTaskFailed`` in its
+``invalid run input: ...`` by its first workflow task, with no ``WorkflowTaskFailed`` in its
 history, and a message that does not copy what was sent.
 """
 
@@ -25,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from tests.conftest import WorkerFactory
+from tests.waiting import DEADLINE_S
 
 
 def raw(data: bytes, encoding: bytes = b"json/plain") -> RawValue:
@@ -122,7 +123,7 @@ async def fails_at_once(client: Client, task_queue: str, args: list[Any]) -> tup
         "AgentWorkflow", args=args, id=f"poison-{uuid.uuid4().hex[:10]}", task_queue=task_queue
     )
     with pytest.raises(WorkflowFailureError) as failure:
-        await asyncio.wait_for(handle.result(), timeout=30)
+        await asyncio.wait_for(handle.result(), timeout=DEADLINE_S)  # a hang guard
     history = await handle.fetch_history()
     started, ended = history.events[0].event_time.ToDatetime(), history.events[-1].event_time.ToDatetime()
     return str(failure.value.cause), (ended - started).total_seconds(), [e.event_type for e in history.events]
@@ -134,7 +135,7 @@ async def test_every_bad_input_fails_the_run_on_its_first_workflow_task(
     async with run_worker(dev_env.client, runtime) as task_queue:
         outcomes = await asyncio.gather(*(fails_at_once(dev_env.client, task_queue, args) for _, args, _ in CASES))
     problems = []
-    for (case, _, fragment), (message, seconds, events) in zip(CASES, outcomes, strict=True):
+    for (case, _, fragment), (message, _, events) in zip(CASES, outcomes, strict=True):
         if "invalid run input" not in message or fragment not in message:
             problems.append(f"{case}: message {message[:300]!r} lacks {fragment!r}")
         if EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED in events:
@@ -143,8 +144,6 @@ async def test_every_bad_input_fails_the_run_on_its_first_workflow_task(
             problems.append(f"{case}: not failed by its first workflow task")
         if events[-1] != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             problems.append(f"{case}: ended with event {events[-1]}")
-        if seconds > 5:
-            problems.append(f"{case}: took {seconds:.1f} s to fail")
         if len(message) > 2100 or "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk" in message:
             problems.append(f"{case}: the message copies the input ({len(message)} characters)")
     assert not problems, "\n".join(problems)

@@ -64,6 +64,7 @@ from durable_agents.cli.decisions import Decision, Extras, send_decision
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.owners import owned, tree
 from durable_agents.cli.review import read_answer
+from durable_agents.cli.tokens import TokenPrinter
 from durable_agents.cli.watch import ASKING, EventPrinter, events, mode_for
 from workflows.agent import AgentWorkflow
 from workflows.call_view import call_lines
@@ -198,6 +199,8 @@ class Chat:
         self.decided: set[str] = set()  # approvals asked here already
         self.sent: set[str] = set()  # approvals decided here (their approval_decided is not shown again)
         self.printer = EventPrinter(session_id, mode=mode_for(False, sys.stdout), show_commands=False, indent="  ")
+        # The model's text as it streams, on the reply's own ``agent>`` line (``follow``).
+        self.tokens = TokenPrinter.from_settings(settings, session_id, prefix=REPLY)
 
     # --- joining ---------------------------------------------------------------------------
 
@@ -214,6 +217,7 @@ class Chat:
             return
         check_agent_run(desc)
         self._exists()
+        await self.tokens.skip()  # what it streamed before this chat joined is not shown again
         if desc.status != WorkflowExecutionStatus.RUNNING:
             if not await _was_session(self.client, handle):
                 raise CliError(f"run {self.session_id} was not a session; start one with {cli_command('chat')} (no id)")
@@ -250,6 +254,7 @@ class Chat:
             print(f"refused: the message: {exc.errors(include_url=False)[0]['msg']}", flush=True)
             return
         self.mine.add(message.message_id)
+        await self.tokens.listen()  # before the send: the reply's model turns stream to this terminal
         result = await self.send(message)
         if result is not None:
             await self.follow(result.seq)
@@ -292,6 +297,7 @@ class Chat:
             warn_when_no_worker(self.client, self.session_id, self.task_queue, doing=WAITING)
         )
         status = ""
+        text = asyncio.ensure_future(self.tokens.pump())
         try:
             # cast: watch.events is an async generator, typed as the iterator it is used as elsewhere
             stream = cast(Stream, events(self.client, self.session_id, from_offset=self.offset))
@@ -312,9 +318,16 @@ class Chat:
             ) from None
         finally:
             watchdog.cancel()
+            text.cancel()
+            await asyncio.gather(text, return_exceptions=True)
+        await self.tokens.catch_up()
+        self.tokens.end_line()
         view = await self._status()
         note = "" if status == "completed" else f"({status}) "
-        print(f"{REPLY}{note}{view.output if view is not None else '(the reply could not be read)'}", flush=True)
+        output = view.output if view is not None else "(the reply could not be read)"
+        if not (note == "" and output.strip() and self.tokens.turn_text.strip() == output.strip()):
+            print(f"{REPLY}{note}{output}", flush=True)  # unless it streamed onto its ``agent>`` line already
+        self.tokens.turn_text = ""
 
     async def show(self, event: ProgressEvent) -> None:
         if event.kind in ASKING:
@@ -331,6 +344,7 @@ class Chat:
         else:
             shown = event.kind in SHOWN
         if shown:
+            self.tokens.end_line()
             self.printer(0, event)
 
     async def _ended(self) -> None:
@@ -357,6 +371,7 @@ class Chat:
         if approval_id in self.decided:
             return
         self.decided.add(approval_id)
+        self.tokens.end_line()
         # Shown and signed as the run that waits for it lists it (a sub-agent's own), never as relayed.
         _, view = await running_view(self.client, self.session_id, query_timeout=QUERY_TIMEOUT)
         runs = await tree(self.client, self.session_id, view) if view is not None else []

@@ -212,8 +212,16 @@ def lost_note() -> str:
 
 
 def temporal_lost(err: BaseException) -> bool:
-    """The server stopped answering (the SDK gave up retrying a connection), as opposed to refusing a request."""
-    return isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE
+    """The server stopped answering (the SDK gave up retrying a connection), as opposed to refusing a request.
+
+    A call in flight when the server's process dies can also end as ``UNKNOWN`` (or ``CANCELLED``) with
+    "transport error": the connection broke under it, which is the same loss.
+    """
+    if not isinstance(err, RPCError):
+        return False
+    if err.status == RPCStatusCode.UNAVAILABLE:
+        return True
+    return err.status in (RPCStatusCode.UNKNOWN, RPCStatusCode.CANCELLED) and "transport error" in err.message
 
 
 # --- argument values ----------------------------------------------------------------------

@@ -45,6 +45,7 @@ from durable_agents.cli.common import (
 )
 from durable_agents.cli.names import check_model, check_tools
 from durable_agents.cli.review import FollowReviewer
+from durable_agents.cli.tokens import TokenPrinter
 from durable_agents.cli.watch import ASKING, POLL_COOLDOWN, EventPrinter, events, mode_for, watch_child
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
@@ -101,6 +102,9 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
     task_queue = settings.temporal.task_queue
     note = DemoModelNote()
     on_interrupt(f"run {workflow_id} may or may not have started: see {cli_command(f'status {workflow_id}')}")
+    tokens = TokenPrinter.from_settings(settings, workflow_id) if args.follow and not args.json else None
+    if tokens is not None:
+        await tokens.listen()  # before the start: the run's first model turn streams to this terminal
     handle = await start_agent_run(
         client,
         inp,
@@ -129,9 +133,13 @@ async def cmd_run(client: Client, args: argparse.Namespace, settings: Settings) 
         )
     watchdog = asyncio.ensure_future(warn_when_no_worker(client, workflow_id, task_queue, doing=WAITING))
     try:
-        result = await _follow(client, handle, quiet=args.json or not args.follow, reviewer=reviewer, note=note)
+        result = await _follow(
+            client, handle, quiet=args.json or not args.follow, reviewer=reviewer, note=note, tokens=tokens
+        )
     finally:
         watchdog.cancel()
+        if tokens is not None:
+            await tokens.close()
     return _report(result, args.json, handle, ui_link(settings.temporal.ui_url, client.namespace, handle.id, None))
 
 
@@ -257,11 +265,13 @@ async def _follow(
     quiet: bool,
     reviewer: FollowReviewer | None = None,
     note: DemoModelNote | None = None,
+    tokens: TokenPrinter | None = None,
 ) -> AgentResult:
     """Wait for the result; unless quiet, print the run's progress events as they happen.
 
     A reviewer is shown every approval the run starts waiting for (it prompts or prints commands);
-    the note learns the run's model (quietly: from the status query; followed: at the ``started`` event).
+    the note learns the run's model (quietly: from the status query; followed: at the ``started`` event);
+    ``tokens`` prints the model's text as it streams, between the progress lines.
     """
     note = note or DemoModelNote()
     try:
@@ -274,7 +284,7 @@ async def _follow(
                 learn.cancel()
             await note.recorded(handle)
             return await _result(handle, result_task)
-        return await _follow_stream(client, handle, reviewer=reviewer, note=note)
+        return await _follow_stream(client, handle, reviewer=reviewer, note=note, tokens=tokens)
     finally:
         if reviewer is not None:
             await reviewer.close()
@@ -299,8 +309,10 @@ class _FollowPrinter:
         handle: WorkflowHandle[Any, AgentResult],
         reviewer: FollowReviewer | None,
         note: DemoModelNote,
+        tokens: TokenPrinter | None = None,
     ) -> None:
         self.client, self.handle, self.reviewer, self.note = client, handle, reviewer, note
+        self.tokens = tokens
         self.children: list[asyncio.Task[None]] = []  # sub-agents' progress, printed indented
         self.printer = EventPrinter(handle.id, mode=mode_for(False, sys.stdout), show_commands=False)
         self.held: list[tuple[int, ProgressEvent]] = []
@@ -320,6 +332,8 @@ class _FollowPrinter:
         if self.reviewer is not None and self.reviewer.busy and not force:
             return
         held, self.held = self.held, []
+        if held and self.tokens is not None:
+            self.tokens.end_line()
         for offset, event in held:
             self.printer(offset, event)
             following(self.handle.id, offset + 1)
@@ -344,10 +358,34 @@ class _FollowPrinter:
 
 
 async def _follow_stream(
-    client: Client, handle: WorkflowHandle[Any, AgentResult], *, reviewer: FollowReviewer | None, note: DemoModelNote
+    client: Client,
+    handle: WorkflowHandle[Any, AgentResult],
+    *,
+    reviewer: FollowReviewer | None,
+    note: DemoModelNote,
+    tokens: TokenPrinter | None = None,
 ) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
-    printer = _FollowPrinter(client, handle, reviewer, note)
+    printer = _FollowPrinter(client, handle, reviewer, note, tokens)
+    text = asyncio.ensure_future(tokens.pump()) if tokens is not None else None
+    try:
+        return await _follow_events(client, handle, result_task, printer, reviewer)
+    finally:
+        if text is not None:
+            text.cancel()
+            await asyncio.gather(text, return_exceptions=True)
+        if tokens is not None:
+            await tokens.catch_up()
+            tokens.end_line()
+
+
+async def _follow_events(
+    client: Client,
+    handle: WorkflowHandle[Any, AgentResult],
+    result_task: asyncio.Future[AgentResult],
+    printer: _FollowPrinter,
+    reviewer: FollowReviewer | None,
+) -> AgentResult:
 
     async def pump() -> None:
         async for offset, event in events(client, handle.id):
