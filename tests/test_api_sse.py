@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,10 @@ async def test_a_client_resumes_on_the_other_api_process_with_every_event_once_i
     assert "approval_decided" in kinds and "finished" in kinds
     ids = [cursor(f) for f in resumed if f["event"] != "end"]
     assert ids == sorted(ids) and len(ids) == len(set(ids)), ids  # once each, in order
-    # Progress events are the run's own record: the resumed reader saw exactly what one reader from the start saw.
-    progress = [(f["id"], f["data"]["progress"]) for f in resumed if f["event"] not in ("delta", "end")]
-    whole_progress = [(f["id"], f["data"]["progress"]) for f in whole if f["event"] not in ("delta", "end")]
+    # Progress events are the run's own record: the resumed reader saw exactly what one reader from the start
+    # saw, at the same offsets (how deltas interleave with them depends on when each reader read).
+    progress = [(cursor(f)[0], f["data"]["progress"]) for f in resumed if f["event"] not in ("delta", "end")]
+    whole_progress = [(cursor(f)[0], f["data"]["progress"]) for f in whole if f["event"] not in ("delta", "end")]
     assert progress == whole_progress
     assert len(sink.writes()) == 1
     await eventually(lambda: "api.request" in (tmp_path / "api2.log").read_text(), "the second process's access log")
@@ -179,3 +181,53 @@ async def test_many_clients_of_one_run_on_one_process_each_get_every_event(
     ids = [[f["id"] for f in frames if f["event"] != "end"] for frames in seen]
     assert all(one == ids[0] for one in ids) and len(ids[0]) == len(set(ids[0])) > 10, ids[0]
     assert [f["event"] for f in seen[0]][-2:] == ["finished", "end"]
+
+
+async def test_an_sse_client_gets_the_models_text_before_the_turn_completes(
+    dev_env: WorkflowEnvironment,
+    runtime: Runtime,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    sink: HttpSink,
+    tmp_path: Path,
+) -> None:
+    """The client follows the run (so it listens) while the first turn waits for an approval; the next turn
+    streams, and its first piece reaches the client while the fake model holds back the rest. (A worker
+    keeps back as many characters as twice its longest secret until more come: the first piece is long.)"""
+    tokens = write_tokens(tmp_path / "tokens.json")
+    address = dev_env.client.service_client.config.target_host
+    order = json.dumps({"method": "POST", "url": f"{sink.url}/orders", "json": {"sku": 9}})
+    reply = "Ordered sku 9 for you; it ships tomorrow morning from the nearest warehouse."
+    gate = threading.Event()
+    llm.enqueue(Scripted(tool_calls=[("http_request", order)]), Scripted(text=reply, chunk_chars=45, hold=gate))
+    runtime.search_attributes_ready = True
+    async with run_worker(dev_env.client, runtime) as tq:
+        env = {"AGENT_STORE_URL": runtime.settings.store_url, "AGENT_LOG_LEVEL": "INFO"}
+        api = await asyncio.to_thread(ServeProcess, address, tq, tokens, tmp_path / "api.log", env=env)
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=90)) as http:
+                started = await http.post(f"{api.url}/v1/runs", json={"task": "order sku 9"}, headers=ALICE.headers)
+                assert started.status_code == 201, started.text
+                wid = started.json()["workflow_id"]
+                events = f"{api.url}/v1/runs/{wid}/events"
+                before = await read_events(http, events, ALICE, until="approval_requested")
+                approval = before[-1]["data"]["progress"]["data"]["approval_id"]
+                decided = await http.post(
+                    f"{api.url}/v1/approvals/{wid}/{approval}", json={"decision": "approve"}, headers=ALICE.headers
+                )
+                assert decided.status_code == 200, decided.text
+                live = await read_events(http, events, ALICE, last_event_id=before[-1]["id"], until="delta")
+                assert not gate.is_set()  # the model is still answering: the turn is open
+                assert "model_answered" not in [f["event"] for f in live], live  # the second turn is open
+                gate.set()
+                rest = await read_events(http, events, ALICE, last_event_id=live[-1]["id"])
+        finally:
+            gate.set()
+            await asyncio.to_thread(api.stop)
+    frames = before + live + rest
+    text = "".join(f["data"]["text"] for f in frames if f["event"] == "delta")
+    assert text == reply  # the pieces, joined in order, once each, are the reply the transcript keeps
+    assert [b.get("stream") for b in (r["body"] for r in llm.requests)] == [True, True]
+    ids = [cursor(f) for f in frames if f["event"] != "end"]
+    assert ids == sorted(ids) and len(ids) == len(set(ids)), ids
+    assert frames[-1]["event"] == "end"

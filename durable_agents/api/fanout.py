@@ -19,10 +19,6 @@ from durable_agents.agent_client import AgentClient, EventCursor, RunEvent
 MAX_KEPT = 5_000  # events a feed keeps for late subscribers (a run's progress stream retains 500)
 
 
-def key(cursor: EventCursor) -> tuple[int, int]:
-    return cursor.offset, cursor.seq
-
-
 class Feed:
     """The events of one run as one reader reads them; subscribers wait on ``changed``."""
 
@@ -56,11 +52,20 @@ class Feed:
         """Whether every event after ``after`` is still kept (or will be read)."""
         if not self.dropped:
             return True
-        return after is not None and bool(self.kept) and key(after) >= key(self.kept[0].cursor)
+        first = self.kept[0].cursor if self.kept else None
+        return after is not None and first is not None and after.offset >= first.offset and after.seq >= first.seq
 
     async def after(self, cursor: EventCursor | None) -> AsyncIterator[RunEvent]:
-        """The feed's events after ``cursor``, live, until the run closes (the reader's error, raised)."""
-        seen = key(cursor) if cursor is not None else (-1, -1)
+        """The feed's events after ``cursor``, live, until the run closes (the reader's error, raised).
+
+        A cursor is two positions, not one: the progress events read (``offset``) and the deltas read
+        (``seq``). How the two interleave depends on when a reader read them, so a feed started later
+        (on this process or another) may merge them in another order than the one the client followed.
+        An event is new when its own position is past the cursor's (a progress event's offset, a
+        delta's seq), and each goes out with a cursor that holds the furthest of both, so the ids a
+        client sees only grow and resuming from any of them skips nothing and repeats nothing.
+        """
+        offset, seq = (cursor.offset, cursor.seq) if cursor is not None else (0, 0)
         index = 0  # absolute: position in everything the feed ever read
         while True:
             async with self.changed:
@@ -70,9 +75,15 @@ class Feed:
                 index = self.dropped + len(self.kept)
                 finished, error = self.done, self.error
             for event in batch:
-                if key(event.cursor) > seen:
-                    seen = key(event.cursor)
-                    yield event
+                if event.kind == "delta":
+                    if event.cursor.seq <= seq:
+                        continue
+                    seq = event.cursor.seq
+                elif event.cursor.offset <= offset:
+                    continue
+                else:
+                    offset = event.cursor.offset
+                yield event.model_copy(update={"cursor": EventCursor(offset=offset, seq=seq)})
             if finished and index - self.dropped >= len(self.kept):
                 if error is not None:
                     raise error

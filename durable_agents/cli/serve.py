@@ -18,6 +18,7 @@ from activities.settings import Settings
 from durable_agents import logs
 from durable_agents.cli.codec import port_number
 from durable_agents.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from durable_agents.streaming import DeltaReader
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -65,11 +66,17 @@ async def cmd_serve(client: Client, args: argparse.Namespace, settings: Settings
         )
     port = api.port if args.port is None else args.port
     logs.configure(settings.observability.log_level, secrets=settings.secret_values())
+    try:  # the streamed model text, beside the workers' run store (the same AGENT_STORE_URL)
+        deltas: DeltaReader | None = DeltaReader.from_settings(settings)
+    except Exception as exc:  # the events endpoints still serve progress and whole replies
+        print(f"warning: no streamed text: the run store cannot be read ({type(exc).__name__})", file=sys.stderr)
+        deltas = None
     agents = AgentClient(
         client,
         task_queue=settings.task_queue,
         approval_key=settings.approval_key,
         store_url=settings.store_url,
+        deltas=deltas,
     )
     app = create_app(
         agents,
@@ -101,5 +108,7 @@ async def cmd_serve(client: Client, args: argparse.Namespace, settings: Settings
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         sock.close()
+        if deltas is not None:
+            await deltas.close()
     print("API stopped", file=sys.stderr, flush=True)
     return EXIT_OK
