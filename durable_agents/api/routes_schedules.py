@@ -9,16 +9,16 @@ tenant with ``?tenant=`` when several tenants use a name (400 otherwise).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_agents.agent_client import ScheduleInfo
 from durable_agents.api.auth import Caller, caller
 from durable_agents.api.routes_runs import checked_input
 from workflows.schedule_types import MAX_SCHEDULE_NAME_CHARS
-from workflows.session_types import MAX_MESSAGE_CHARS
+from workflows.session_types import MAX_MESSAGE_CHARS, SessionSpec
 from workflows.types import MAX_NAME_CHARS, MAX_TASK_CHARS, AgentInput
 
 router = APIRouter(prefix="/v1")
@@ -42,7 +42,8 @@ class CreateSchedule(BaseModel):
     session: str | None = Field(default=None, max_length=1000)
     message: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     model: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
-    input: AgentInput | None = None
+    # AgentInput fields (validated with the schedule's task or session, so ``input`` need not repeat them).
+    input: dict[str, Any] | None = None
     note: str = Field(default="", max_length=1000)
     paused: bool = False
 
@@ -66,7 +67,7 @@ class Deleted(BaseModel):
 async def create_schedule(body: CreateSchedule, who: Auth) -> ScheduleInfo:
     """Create a schedule of the token's tenant (an admin's: of ``input.tenant``, or of none)."""
     who.require("starter")
-    inp = checked_input(body.input, who) if body.input is not None else None
+    inp = checked_input(_input(body), who) if body.input is not None else None
     return await who.client.schedule_create(
         body.name,
         cron=body.cron,
@@ -78,6 +79,21 @@ async def create_schedule(body: CreateSchedule, who: Auth) -> ScheduleInfo:
         note=body.note,
         paused=body.paused,
     )
+
+
+def _input(body: CreateSchedule) -> AgentInput:
+    """``body.input`` as the runs' ``AgentInput`` (400 with its first problem in one line)."""
+    fields = dict(body.input or {})
+    if body.task is not None:
+        fields["task"] = body.task
+    elif body.session is not None and "session" not in fields:
+        fields["session"] = SessionSpec().model_dump()
+    try:
+        return AgentInput.model_validate(fields)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "input"
+        raise HTTPException(400, f"bad run input: {where}: {first['msg']}") from None
 
 
 @router.get("/schedules", response_model=ScheduleList)
