@@ -96,7 +96,7 @@ class ScheduleInfo(BaseModel):
     task: str = ""  # a task schedule's task (its first PREVIEW_CHARS characters)
     session: str = ""  # a session schedule's session id
     message: str = ""  # a session schedule's message (its first PREVIEW_CHARS characters)
-    next_runs: list[str] = Field(default_factory=list)  # ISO 8601, the next firings (none while paused)
+    next_runs: list[str] = Field(default_factory=list)  # ISO 8601, the next cron times (listed while paused too)
     recent_runs: list[ScheduleRun] = Field(default_factory=list)  # newest last, as Temporal keeps them
     running: list[ScheduleRun] = Field(default_factory=list)  # at most one: the overlap policy skips
     actions: int = 0  # runs started so far

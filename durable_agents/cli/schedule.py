@@ -13,6 +13,7 @@ among every tenant's schedules, and need ``--tenant T`` when several tenants use
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,7 +113,7 @@ async def cmd_schedule(client: Client, args: argparse.Namespace, settings: Setti
         tenant: str | None = args.tenant
         if command == "pause":
             await agents.schedule_pause(name, note=args.note, tenant=tenant)
-            print(f"paused schedule {name} (resume: {cli_command(f'schedule unpause {name}')})")
+            print(f"paused schedule {name} (resume: {cli_command(f'schedule unpause {name}{_of(tenant)}')})")
         elif command == "unpause":
             await agents.schedule_unpause(name, note=args.note, tenant=tenant)
             print(f"unpaused schedule {name}")
@@ -146,8 +147,13 @@ async def _create(agents: AgentClient, args: argparse.Namespace, settings: Setti
     target = f"session {info.session}" if info.kind == "session" else "an agent run"
     print(f"created schedule {info.name} ({info.cron}): {target} at each firing, on task queue {agents.task_queue}")
     print(f"next: {info.next_runs[0]}" if info.next_runs else "next: none (paused)")
-    print(f"fire now: {cli_command(f'schedule trigger {info.name}')}   see it: {_list_command()}")
+    print(f"fire now: {cli_command(f'schedule trigger {info.name}{_of(info.tenant)}')}   see it: {_list_command()}")
     return EXIT_OK
+
+
+def _of(tenant: str | None) -> str:
+    """`` --tenant T`` for a hint that must name the tenant (another tenant may use the same name)."""
+    return f" --tenant {shlex.quote(tenant)}" if tenant else ""
 
 
 def _list_command() -> str:
