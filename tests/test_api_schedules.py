@@ -182,6 +182,14 @@ async def test_another_tenants_schedule_is_404_everywhere_and_the_same_name_is_a
     assert found.tenant == "acme" and found.task == "acme's task", found
     assert (await http.delete(f"/v1/schedules/{name}", headers=ALICE.headers)).status_code == 200
 
+    # An admin token may name the tenant in the input (as in POST /v1/runs): the schedule is that tenant's.
+    other = new_name()
+    made = await create(http, ROOT_ADMIN, name=other, session="s-chat", message="hello", input={"tenant": "globex"})
+    assert made["tenant"] == "globex" and made["kind"] == "session" and made["schedule_id"].endswith("@globex")
+    assert (await get_json(http, f"/v1/schedules/{other}", BOB))["message"] == "hello"
+    assert (await http.get(f"/v1/schedules/{other}", headers=ALICE.headers)).status_code == 404
+    assert (await http.delete(f"/v1/schedules/{other}", headers=BOB.headers)).status_code == 200
+
 
 async def _count(rows: Any, count: int) -> list[dict[str, Any]] | None:
     found: list[dict[str, Any]] = await rows
@@ -234,6 +242,17 @@ async def test_bad_input_is_a_one_line_4xx_and_a_reviewer_token_cannot_change_sc
     assert hidden.status_code == 400 and "bad schedule name" in one_line(hidden), hidden.text
     anonymous = await http.get("/v1/schedules")
     assert anonymous.status_code == 401
+    paths = (await http.get("/openapi.json")).json()["paths"]
+    for path in (
+        "/v1/schedules",
+        "/v1/schedules/{name}",
+        "/v1/schedules/{name}/pause",
+        "/v1/schedules/{name}/unpause",
+        "/v1/schedules/{name}/trigger",
+        "/v1/runs/{workflow_id}/fork",
+        "/v1/runs/{workflow_id}/rewind",
+    ):
+        assert path in paths, path
 
     # A schedule made with input: the rest of each run's input, with the token's tenant.
     made = await create(http, ALICE, name=name, task="with limits", input={"limits": {"max_steps": 3}})
