@@ -52,6 +52,13 @@ async def listed(cli: Cli, name: str) -> dict[str, Any]:
     return await eventually(check, f"schedule list shows {name}")
 
 
+async def _rows(cli: Cli, name: str, count: int, *flags: str) -> list[dict[str, Any]] | None:
+    shown = await cli("schedule", "list", "--json", *flags)
+    assert shown.returncode == 0, shown.stderr
+    rows = [row for row in json.loads(shown.stdout) if row["name"] == name]
+    return rows if len(rows) == count else None
+
+
 async def ended(schedules: AgentClient, name: str, count: int) -> ScheduleInfo:
     async def check() -> ScheduleInfo | None:
         info = await schedules.schedule_describe(name)
@@ -72,7 +79,7 @@ async def test_create_list_trigger_pause_unpause_delete_and_their_exit_codes(
         assert created.returncode == 0, created.stderr
         assert created.stdout.startswith(f"created schedule {name} ({YEARLY}): an agent run at each firing"), created
         assert "next: " in created.stdout and f"schedule trigger {name}" in created.stdout, created.stdout
-        again = await cli("schedule", "create", name, "--cron", YEARLY, "--task", "twice")
+        again = await cli("schedule", "create", name, "--cron", YEARLY, "--task", "twice", "--tenant", "acme")
         assert again.returncode == 1 and f"a schedule named '{name}' exists already" in one_line(again)
 
         row = await listed(cli, name)
@@ -94,6 +101,22 @@ async def test_create_list_trigger_pause_unpause_delete_and_their_exit_codes(
         unpaused = await cli("schedule", "unpause", name)
         assert unpaused.returncode == 0, unpaused.stderr
         assert (await schedules.schedule_describe(name)).paused is False
+
+        # Another tenant's schedule of the same name: by name alone it is ambiguous, --tenant picks one.
+        other = await cli("schedule", "create", name, "--cron", YEARLY, "--task", "theirs", "--tenant", "globex")
+        assert other.returncode == 0, other.stderr
+        await eventually(lambda: _rows(cli, name, 2), f"schedule list shows both schedules named {name}")
+        ambiguous = await cli("schedule", "trigger", name)
+        assert ambiguous.returncode == 2, ambiguous
+        assert f"2 schedules are named '{name}', of tenants 'acme', 'globex'" in one_line(ambiguous), ambiguous
+        assert "--tenant" in one_line(ambiguous), ambiguous
+        [theirs] = await _rows(cli, name, 1, "--tenant", "globex") or [{}]
+        assert theirs["tenant"] == "globex" and theirs["task"] == "theirs", theirs
+        paused_theirs = await cli("schedule", "pause", name, "--tenant", "globex")
+        assert paused_theirs.returncode == 0, paused_theirs.stderr
+        assert (await schedules.schedule_describe(name, tenant="globex")).paused
+        assert not (await schedules.schedule_describe(name, tenant="acme")).paused
+        assert (await cli("schedule", "delete", name, "--tenant", "globex")).returncode == 0
 
         deleted = await cli("schedule", "delete", name)
         assert deleted.returncode == 0 and deleted.stdout.startswith(f"deleted schedule {name}"), deleted

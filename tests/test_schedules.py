@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, ScheduleActionStartWorkflow, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -120,7 +120,7 @@ async def test_a_task_schedule_fires_twice_by_itself_and_its_runs_carry_its_tena
         acme = AgentClient(dev_env.client, task_queue=tq, tenant="acme")
         created = await acme.schedule_create(name, cron="@every 2s", task="say hi", model="openai:test-model")
         assert created.kind == "task" and created.tenant == "acme" and created.task == "say hi", created
-        assert created.schedule_id == f"agent-schedule-{name}" and created.next_runs, created
+        assert created.schedule_id == f"agent-schedule-{name}@acme" and created.next_runs, created
         try:
             info = await fired(acme, name, 2)
         finally:
@@ -129,7 +129,7 @@ async def test_a_task_schedule_fires_twice_by_itself_and_its_runs_carry_its_tena
                 await dev_env.client.get_workflow_handle(late.workflow_id).cancel()
             await acme.schedule_delete(name)
         ids = [run.workflow_id for run in info.recent_runs]
-        assert len(ids) >= 2 and all(i.startswith(f"agent-schedule-{name}-") for i in ids), ids
+        assert len(ids) >= 2 and all(i.startswith(f"agent-schedule-{name}@acme-") for i in ids), ids
         for workflow_id in ids[:2]:
             handle = dev_env.client.get_workflow_handle(workflow_id, result_type=AgentResult)
             result = await handle.result()
@@ -198,7 +198,7 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
             await acme.schedule_create(name, cron=YEARLY, session="s-1")
         await acme.schedule_create(name, cron=YEARLY, task="hello")
         with pytest.raises(ScheduleExists):
-            await beta.schedule_create(name, cron=YEARLY, task="mine now")
+            await acme.schedule_create(name, cron=YEARLY, task="twice")
         listed = await eventually(lambda: _named(admin, name), "the schedule is listed")
         assert listed.tenant == "acme" and not listed.paused
         assert (await eventually(lambda: _named(acme, name), "acme lists it")).tenant == "acme"
@@ -212,6 +212,26 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
         ):
             with pytest.raises(ScheduleNotFound, match=f"no schedule named '{name}'"):
                 await call(name)
+
+        # Names are per tenant: beta's schedule of the same name is another schedule, acme's is unchanged.
+        theirs = await beta.schedule_create(name, cron=YEARLY, task="mine now")
+        assert theirs.tenant == "beta" and theirs.schedule_id == f"agent-schedule-{name}@beta", theirs
+        assert (await acme.schedule_describe(name)).task == "hello"
+        assert (await beta.schedule_describe(name)).task == "mine now"
+        both = await eventually(lambda: _all_named(admin, name, 2), "both schedules are listed")
+        assert sorted(i.tenant for i in both) == ["acme", "beta"], both
+        assert [i.tenant for i in await acme.schedule_list() if i.name == name] == ["acme"]
+        with pytest.raises(
+            InvalidSchedule, match=f"2 schedules are named '{name}', of tenants 'acme', 'beta': name the tenant"
+        ):
+            await admin.schedule_describe(name)
+        assert (await admin.schedule_describe(name, tenant="beta")).task == "mine now"
+        with pytest.raises(InvalidSchedule, match="scoped to tenant 'acme'"):
+            await acme.schedule_describe(name, tenant="beta")
+        await beta.schedule_delete(name)
+        with pytest.raises(ScheduleNotFound):
+            await beta.schedule_describe(name)
+        assert (await admin.schedule_describe(name)).tenant == "acme"  # one left: the name is no longer ambiguous
 
         await acme.schedule_pause(name, note="holidays")
         paused = await acme.schedule_describe(name)
@@ -234,6 +254,56 @@ async def test_pause_unpause_trigger_delete_and_tenant_scoping(
 
 async def _named(schedules: AgentClient, name: str) -> ScheduleInfo | None:
     return next((i for i in await schedules.schedule_list() if i.name == name), None)
+
+
+async def test_a_schedule_made_under_the_id_without_a_tenant_is_still_found_by_its_tenant_only(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """Schedules made before tenants had ids of their own are ``agent-schedule-<name>`` with the tenant in
+    their memo: their tenant still finds, fires and deletes them, and still cannot make a second one."""
+    llm.default = model
+    name = new_name()
+    async with run_worker(dev_env.client, runtime) as tq:
+        acme = AgentClient(dev_env.client, task_queue=tq, tenant="acme")
+        beta = AgentClient(dev_env.client, task_queue=tq, tenant="beta")
+        admin = AgentClient(dev_env.client, task_queue=tq)
+        # The old form, made from a new one: the same schedule and memo under the id without the tenant.
+        made = await acme.schedule_create(name, cron=YEARLY, task="old one")
+        new_form = dev_env.client.get_schedule_handle(made.schedule_id)
+        desc = await new_form.describe()
+        action = desc.schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        action.id = f"agent-schedule-{name}"
+        await dev_env.client.create_schedule(f"agent-schedule-{name}", desc.schedule, memo=await desc.memo())
+        await new_form.delete()
+        try:
+            old = await acme.schedule_describe(name)
+            assert old.schedule_id == f"agent-schedule-{name}" and old.tenant == "acme" and old.task == "old one"
+            with pytest.raises(ScheduleExists):
+                await acme.schedule_create(name, cron=YEARLY, task="a second one")
+            with pytest.raises(ScheduleNotFound):
+                await beta.schedule_describe(name)
+            theirs = await beta.schedule_create(name, cron=YEARLY, task="beta's")
+            assert theirs.schedule_id == f"agent-schedule-{name}@beta", theirs
+            with pytest.raises(InvalidSchedule, match="of tenants 'acme', 'beta'"):
+                await admin.schedule_trigger(name)
+            await acme.schedule_trigger(name)
+            info = await eventually(lambda: _ended_runs(acme, name, 1), "the old-form schedule's run ended")
+            assert (await beta.schedule_describe(name)).actions == 0
+            result = await dev_env.client.get_workflow_handle(
+                info.recent_runs[0].workflow_id, result_type=AgentResult
+            ).result()
+            assert result.output == "echo: old one"
+            await beta.schedule_delete(name)
+        finally:
+            await acme.schedule_delete(name)
+        with pytest.raises(ScheduleNotFound):
+            await acme.schedule_describe(name)
+
+
+async def _all_named(schedules: AgentClient, name: str, count: int) -> list[ScheduleInfo] | None:
+    named = [i for i in await schedules.schedule_list() if i.name == name]
+    return named if len(named) == count else None
 
 
 async def _ended_runs(schedules: AgentClient, name: str, count: int) -> ScheduleInfo | None:

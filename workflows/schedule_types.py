@@ -1,7 +1,8 @@
 """The data contract of schedules: how a Temporal Schedule names its runs and what a session schedule sends.
 
 A schedule (``starter.py schedule create``, ``AgentClient.schedule_create``) is a real Temporal Schedule
-whose id is ``SCHEDULE_ID_PREFIX + name``. A task schedule's action starts an ``AgentWorkflow``; a session
+whose id is ``SCHEDULE_ID_PREFIX + name``, followed by ``@`` and its tenant when it has one
+(``durable_agents/agent_client/_schedule_checks.py``). A task schedule's action starts an ``AgentWorkflow``; a session
 schedule's starts a ``ScheduledMessageWorkflow`` (``workflows/scheduled_message.py``) with a
 :class:`ScheduledMessage`, which hands the message to a session through the ``scheduled_message_send``
 activity (a Schedule can only start workflows, and only a client can update-with-start a session).

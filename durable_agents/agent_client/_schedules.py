@@ -2,8 +2,9 @@
 
 ``ScheduleMethods`` is mixed into ``AgentClient``: ``schedule_create``, ``schedule_list``,
 ``schedule_pause``, ``schedule_unpause``, ``schedule_delete`` and ``schedule_trigger``. A schedule named
-``nightly`` is the Temporal Schedule ``agent-schedule-nightly`` (it shows in the UI's Schedules page);
-its runs are ``agent-schedule-nightly-<time>`` (Temporal appends the firing's time). A task schedule starts
+``nightly`` of tenant ``acme`` is the Temporal Schedule ``agent-schedule-nightly@acme`` (it shows in the UI's
+Schedules page; one without a tenant is ``agent-schedule-nightly``, see ``_schedule_checks``); its runs are
+``agent-schedule-nightly@acme-<time>`` (Temporal appends the firing's time). A task schedule starts
 an ``AgentWorkflow`` with its task at each firing; a session schedule starts a ``ScheduledMessageWorkflow``
 that sends its message to the session (starting or waking it, ``workflows/scheduled_message.py``).
 
@@ -12,9 +13,11 @@ has two runs at once: a run waiting for an approval over the next firing time ma
 skipped one (``ScheduleInfo.skipped_overlap``), ``schedule_trigger`` included. A session schedule's run
 is open only until the session has taken the message.
 
-Tenants: a schedule carries its tenant in its memo and in the input of its action. A client scoped to a
-tenant creates schedules of that tenant only and sees, pauses, triggers and deletes only those: any other
-is ``ScheduleNotFound``, as a missing one is. Example::
+Tenants: a schedule carries its tenant in its id, its memo and the input of its action. Names are per
+tenant: two tenants may each have a ``nightly``, and neither can tell the other has one. A client scoped to
+a tenant creates schedules of that tenant only and sees, pauses, triggers and deletes only those: any other
+is ``ScheduleNotFound``, as a missing one is. An unscoped client finds a name among every tenant's
+schedules and asks for ``tenant=`` when several tenants use it. Example::
 
     agents = AgentClient(await Client.connect("localhost:7233", plugins=[DurableAgentsPlugin()]))
     info = await agents.schedule_create("standup", cron="0 9 * * 1-5", task="Summarise yesterday's tickets")
@@ -24,8 +27,6 @@ is ``ScheduleNotFound``, as a missing one is. Example::
 
 from __future__ import annotations
 
-import re
-import zoneinfo
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -47,32 +48,29 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agents.agent_client._errors import AgentClientError
+from durable_agents.agent_client._schedule_checks import (
+    TENANT_MARK,
+    InvalidSchedule,
+    ScheduleExists,
+    ScheduleNotFound,
+    check_cron,
+    check_name,
+    legacy_id,
+    name_of_id,
+    schedule_id,
+)
 from workflows.agent import AgentWorkflow
-from workflows.schedule_types import MAX_SCHEDULE_NAME_CHARS, SCHEDULE_ID_PREFIX, SCHEDULE_NAME, ScheduledMessage
+from workflows.schedule_types import SCHEDULE_ID_PREFIX, ScheduledMessage
 from workflows.scheduled_message import ScheduledMessageWorkflow
 from workflows.session_types import MAX_MESSAGE_CHARS, SessionSpec
 from workflows.types import MAX_NAME_CHARS, AgentInput
 
 MEMO_KEY = "agent_schedule"  # the memo entry that marks a Temporal Schedule as one of ours, with its details
-MAX_CRON_CHARS = 200
 MAX_NOTE_CHARS = 1000
 MAX_LISTED = 1000  # schedules ``schedule_list`` reads (each one is described: one call per schedule)
 PREVIEW_CHARS = 200  # of a task or a message in ``ScheduleInfo``
 NEXT_RUNS = 5
 ScheduleKind = Literal["task", "session"]
-
-
-class ScheduleNotFound(AgentClientError):
-    """No schedule of this name (or none the caller's tenant may see)."""
-
-
-class ScheduleExists(AgentClientError):
-    """A schedule of this name exists already."""
-
-
-class InvalidSchedule(AgentClientError, ValueError):
-    """A bad name, cron expression or action (checked before anything reaches Temporal)."""
 
 
 class ScheduleRun(BaseModel):
@@ -88,7 +86,7 @@ class ScheduleInfo(BaseModel):
     """One schedule as ``schedule_create`` / ``schedule_list`` answer it."""
 
     name: str
-    schedule_id: str  # the Temporal Schedule's id (``agent-schedule-<name>``)
+    schedule_id: str  # the Temporal Schedule's id (``agent-schedule-<name>@<tenant>``, see ``schedule_id``)
     kind: ScheduleKind
     cron: str
     paused: bool = False
@@ -98,119 +96,12 @@ class ScheduleInfo(BaseModel):
     task: str = ""  # a task schedule's task (its first PREVIEW_CHARS characters)
     session: str = ""  # a session schedule's session id
     message: str = ""  # a session schedule's message (its first PREVIEW_CHARS characters)
-    next_runs: list[str] = Field(default_factory=list)  # ISO 8601, the next firings (none while paused)
+    next_runs: list[str] = Field(default_factory=list)  # ISO 8601, the next cron times (listed while paused too)
     recent_runs: list[ScheduleRun] = Field(default_factory=list)  # newest last, as Temporal keeps them
     running: list[ScheduleRun] = Field(default_factory=list)  # at most one: the overlap policy skips
     actions: int = 0  # runs started so far
     skipped_overlap: int = 0  # firings skipped because the previous run was still open
     created_at: str = ""
-
-
-def schedule_id(name: str) -> str:
-    """The Temporal Schedule id of schedule ``name`` (checked: ``InvalidSchedule``)."""
-    return SCHEDULE_ID_PREFIX + check_name(name)
-
-
-def check_name(name: str) -> str:
-    if len(name) > MAX_SCHEDULE_NAME_CHARS or not SCHEDULE_NAME.fullmatch(name):
-        raise InvalidSchedule(
-            f"bad schedule name {name[: MAX_SCHEDULE_NAME_CHARS + 1]!r}: expected 1 to {MAX_SCHEDULE_NAME_CHARS} "
-            "letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return name
-
-
-# The cron dialect Temporal Schedules accept (ScheduleSpec.cron_string), checked here so that a typo is one
-# line before any call: 5 fields (minute hour day-of-month month day-of-week), 6 (+ year) or 7 (second
-# first), a shorthand, or ``@every <n><s|m|h|d>[/<phase>]``; optionally after ``CRON_TZ=<zone>``.
-_SHORTHANDS = ("@yearly", "@monthly", "@weekly", "@daily", "@hourly")
-_DURATION = r"[1-9][0-9]{0,6}[smhd]"
-_EVERY = re.compile(rf"@every ({_DURATION})(?:/([0-9]{{1,7}}[smhd]))?")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_EVERY_S = 366 * 86400
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-# (name, lowest, highest, names) of each field of the 7-field form
-_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
-    ("second", 0, 59, ()),
-    ("minute", 0, 59, ()),
-    ("hour", 0, 23, ()),
-    ("day of month", 1, 31, ()),
-    ("month", 1, 12, _MONTHS),
-    ("day of week", 0, 6, _DAYS),
-    ("year", 1970, 2200, ()),
-)
-_TOKEN = re.compile(r"(\*|\?|[0-9a-zA-Z]+(?:-[0-9a-zA-Z]+)?)(?:/([0-9]+))?")
-
-
-def check_cron(cron: str) -> str:
-    """``cron`` when Temporal's Schedules accept it; ``InvalidSchedule`` with one line saying why otherwise."""
-    text = " ".join(cron.split())
-    if not text or len(cron) > MAX_CRON_CHARS:
-        raise InvalidSchedule(f"bad cron expression: expected 1 to {MAX_CRON_CHARS} characters")
-    body = text
-    if match := re.match(r"(?:CRON_TZ|TZ)=(\S+) ", text):
-        try:
-            zoneinfo.ZoneInfo(match.group(1))
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise InvalidSchedule(f"bad cron expression {cron!r}: unknown time zone {match.group(1)!r}") from None
-        body = text[match.end() :]
-    if body in _SHORTHANDS:
-        return text
-    if body.startswith("@"):
-        every = _EVERY.fullmatch(body)
-        if every is None:
-            raise InvalidSchedule(
-                f"bad cron expression {cron!r}: expected one of {', '.join(_SHORTHANDS)} or '@every <n>[s|m|h|d]'"
-            )
-        if _seconds(every.group(1)) > MAX_EVERY_S:
-            raise InvalidSchedule(f"bad cron expression {cron!r}: @every is at most 366d")
-        if every.group(2) and _seconds(every.group(2)) >= _seconds(every.group(1)):
-            raise InvalidSchedule(f"bad cron expression {cron!r}: the phase must be shorter than the interval")
-        return text
-    fields = body.split(" ")
-    if len(fields) not in (5, 6, 7):
-        raise InvalidSchedule(
-            f"bad cron expression {cron!r}: expected 5 fields (minute hour day-of-month month day-of-week), "
-            f"6 (and year) or 7 (second first), got {len(fields)}"
-        )
-    specs = _FIELDS if len(fields) == 7 else _FIELDS[1 : 1 + len(fields)]
-    for value, spec in zip(fields, specs, strict=True):
-        problem = _field_problem(value, *spec)
-        if problem:
-            raise InvalidSchedule(f"bad cron expression {cron!r}: {problem}")
-    return text
-
-
-def _seconds(duration: str) -> int:
-    return int(duration[:-1]) * _UNIT_S[duration[-1]]
-
-
-def _field_problem(value: str, what: str, low: int, high: int, names: tuple[str, ...]) -> str:
-    for token in value.split(","):
-        match = _TOKEN.fullmatch(token)
-        if match is None:
-            return f"{what} {value!r}: expected *, a number, a range a-b, a list or a step /n"
-        if match.group(2) is not None and not 1 <= int(match.group(2)) <= high - low + 1:
-            return f"{what} {value!r}: step {match.group(2)} out of range"
-        if match.group(1) in ("*", "?"):
-            continue
-        bounds = [_number(part, names) for part in match.group(1).split("-")]
-        for number, part in zip(bounds, match.group(1).split("-"), strict=True):
-            if number is None or not low <= number <= high:
-                return f"{what} {part!r} is not in {low}-{high}" + (f" or {names[0]}-{names[-1]}" if names else "")
-        if len(bounds) == 2 and bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
-            return f"{what} range {match.group(1)!r} goes backwards"
-    return ""
-
-
-def _number(part: str, names: tuple[str, ...]) -> int | None:
-    if part.isdigit() and len(part) <= 4:
-        return int(part)
-    lower = part.lower()
-    if lower in names:
-        return names.index(lower) + (1 if names is _MONTHS else 0)
-    return None
 
 
 class ScheduleMethods:
@@ -237,12 +128,17 @@ class ScheduleMethods:
         """Create schedule ``name``: ``task`` (an agent run each time) or ``session`` + ``message`` (a message
         to that session each time, starting it when missing). ``inp`` gives the rest of the run's (or the
         session's start) input; ``model`` / ``tenant`` override its fields. ``InvalidSchedule`` for a bad
-        name, cron or action, ``ScheduleExists`` when the name is taken."""
-        sid = schedule_id(name)
+        name, cron or action, ``ScheduleExists`` when the tenant has a schedule of that name (another
+        tenant's schedule of the same name is another schedule: names are per tenant)."""
+        check_name(name)
         cron = check_cron(cron)
         if len(note) > MAX_NOTE_CHARS:
             raise InvalidSchedule(f"the note is {len(note):,} characters; at most {MAX_NOTE_CHARS:,}")
         owner = self._owner(tenant if tenant is not None else (inp.tenant if inp is not None else None))
+        sid = schedule_id(name, owner)
+        # One made under the id without a tenant is still this tenant's: a second one would make the name ambiguous.
+        if owner and await self._at(legacy_id(name), owner) is not None:
+            raise ScheduleExists(f"a schedule named {name!r} exists already")
         kind, action, details = self._action(sid, name, owner, task, session, message, model, inp)
         memo = {MEMO_KEY: {"name": name, "kind": kind, "cron": cron, "tenant": owner, **details}}
         schedule = Schedule(
@@ -281,27 +177,34 @@ class ScheduleMethods:
                     raise
         return sorted(infos, key=lambda info: info.name)
 
-    async def schedule_describe(self, name: str) -> ScheduleInfo:
-        """Schedule ``name`` now; ``ScheduleNotFound`` when there is none this client may see."""
-        return await self._info((await self._owned(name))[1])
+    async def schedule_describe(self, name: str, *, tenant: str | None = None) -> ScheduleInfo:
+        """Schedule ``name`` now; ``ScheduleNotFound`` when there is none this client may see.
 
-    async def schedule_pause(self, name: str, note: str = "") -> None:
+        ``tenant``: the tenant whose schedule it is. A scoped client always looks among its own tenant's
+        (another ``tenant`` is ``InvalidSchedule``); an unscoped one without ``tenant`` looks among every
+        tenant's and refuses (``InvalidSchedule``) a name that several tenants use. The same for the
+        methods below.
+        """
+        return await self._info((await self._owned(name, tenant))[1])
+
+    async def schedule_pause(self, name: str, note: str = "", *, tenant: str | None = None) -> None:
         """Stop firing (a run already started goes on) until ``schedule_unpause``."""
-        handle, _ = await self._owned(name)
+        handle, _ = await self._owned(name, tenant)
         await handle.pause(note=_note(note, "paused"))
 
-    async def schedule_unpause(self, name: str, note: str = "") -> None:
-        handle, _ = await self._owned(name)
+    async def schedule_unpause(self, name: str, note: str = "", *, tenant: str | None = None) -> None:
+        """Fire again at the cron's times."""
+        handle, _ = await self._owned(name, tenant)
         await handle.unpause(note=_note(note, "unpaused"))
 
-    async def schedule_delete(self, name: str) -> None:
+    async def schedule_delete(self, name: str, *, tenant: str | None = None) -> None:
         """Delete the schedule (its runs, open or closed, are not touched)."""
-        handle, _ = await self._owned(name)
+        handle, _ = await self._owned(name, tenant)
         await handle.delete()
 
-    async def schedule_trigger(self, name: str) -> None:
+    async def schedule_trigger(self, name: str, *, tenant: str | None = None) -> None:
         """Fire now, under the overlap policy: skipped while the schedule's previous run is open."""
-        handle, _ = await self._owned(name)
+        handle, _ = await self._owned(name, tenant)
         await handle.trigger()
 
     def _owner(self, asked: str | None) -> str:
@@ -317,17 +220,50 @@ class ScheduleMethods:
     def _sees(self, memo: Mapping[str, Any]) -> bool:
         return self.tenant is None or memo.get("tenant", "") == self.tenant
 
-    async def _owned(self, name: str) -> tuple[ScheduleHandle, ScheduleDescription]:
-        handle = self.client.get_schedule_handle(schedule_id(name))
+    async def _owned(self, name: str, tenant: str | None) -> tuple[ScheduleHandle, ScheduleDescription]:
+        """Schedule ``name`` of ``tenant`` (see ``schedule_describe``), or ``ScheduleNotFound``."""
+        check_name(name)
+        if self.tenant is not None and tenant is not None and tenant != self.tenant:
+            raise InvalidSchedule(f"this client is scoped to tenant {self.tenant!r}; it cannot see {tenant!r}'s")
+        owner = self.tenant if self.tenant is not None else tenant
+        if owner is not None:
+            # Both ids are read directly (not listed), so a schedule just created is found at once.
+            found = await self._at(schedule_id(name, owner), owner)
+            if found is None and owner:
+                found = await self._at(legacy_id(name), owner)
+            if found is None:
+                raise ScheduleNotFound(f"no schedule named {name!r}")
+            return found
+        candidates = [found] if (found := await self._at(legacy_id(name), None)) is not None else []
+        # A tenant's ids are only known by listing (which lags a creation or a deletion by a moment): every
+        # id of this name is ``legacy_id(name) + TENANT_MARK + ...``, as a name never holds the mark.
+        prefix = legacy_id(name) + TENANT_MARK
+        async for entry in await self.client.list_schedules():
+            if entry.id.startswith(prefix) and (found := await self._at(entry.id, None)) is not None:
+                candidates.append(found)
+        if not candidates:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        if len(candidates) > 1:
+            tenants = ", ".join(
+                sorted([repr(str((_details(await d.memo()) or {}).get("tenant", ""))) for _, d in candidates])
+            )
+            raise InvalidSchedule(
+                f"{len(candidates)} schedules are named {name!r}, of tenants {tenants}: name the tenant (--tenant)"
+            )
+        return candidates[0]
+
+    async def _at(self, sid: str, tenant: str | None) -> tuple[ScheduleHandle, ScheduleDescription] | None:
+        """The schedule of id ``sid`` when it is one of ours, of ``tenant`` (None: of any); None otherwise."""
+        handle = self.client.get_schedule_handle(sid)
         try:
             desc = await handle.describe()
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                raise ScheduleNotFound(f"no schedule named {name!r}") from None
+                return None
             raise
         memo = _details(await desc.memo())
-        if memo is None or not self._sees(memo):
-            raise ScheduleNotFound(f"no schedule named {name!r}")
+        if memo is None or (tenant is not None and memo.get("tenant", "") != tenant):
+            return None
         return handle, desc
 
     def _action(
@@ -373,7 +309,7 @@ class ScheduleMethods:
     async def _info(self, desc: ScheduleDescription) -> ScheduleInfo:
         memo = _details(await desc.memo()) or {}
         info = ScheduleInfo(
-            name=str(memo.get("name", desc.id.removeprefix(SCHEDULE_ID_PREFIX))),
+            name=str(memo.get("name", name_of_id(desc.id))),
             schedule_id=desc.id,
             kind="session" if memo.get("kind") == "session" else "task",
             cron=str(memo.get("cron", "")),
@@ -456,5 +392,6 @@ __all__ = [
     "ScheduleNotFound",
     "ScheduleRun",
     "check_cron",
+    "check_name",
     "schedule_id",
 ]

@@ -21,13 +21,17 @@ from durable_agents.agent_client import (
     AgentClient,
     AgentClientError,
     DecisionRefused,
+    InvalidSchedule,
     NoAnswer,
+    NoSuchStep,
     NotAnAgentRun,
     RunExists,
     RunNotFound,
     RunNotOpen,
+    ScheduleExists,
+    ScheduleNotFound,
 )
-from durable_agents.api import routes_approvals, routes_runs
+from durable_agents.api import routes_approvals, routes_runs, routes_schedules
 from durable_agents.api.access_log import AccessLog
 from durable_agents.api.auth import ApiState, Caller, caller
 from durable_agents.api.fanout import Fanout
@@ -43,6 +47,10 @@ STATUS_OF: tuple[tuple[type[AgentClientError], int], ...] = (
     (RunExists, 409),
     (DecisionRefused, 409),
     (RunNotOpen, 409),
+    (NoSuchStep, 409),  # the run has not (or no longer has) that step: its state, not the request's form
+    (ScheduleNotFound, 404),
+    (ScheduleExists, 409),
+    (InvalidSchedule, 400),
     (NoAnswer, 503),
 )
 
@@ -74,7 +82,8 @@ def create_app(
     app = FastAPI(
         title="Durable Agents API",
         version=package_version(),
-        description="Start runs, send session messages, follow events, decide approvals. "
+        description="Start, fork and rewind runs, send session messages, follow events, decide approvals, "
+        "manage schedules. "
         "Every /v1 route needs `Authorization: Bearer <token>`.",
         docs_url=None,
         redoc_url=None,
@@ -90,6 +99,7 @@ def create_app(
     )
     app.include_router(routes_runs.router)
     app.include_router(routes_approvals.router)
+    app.include_router(routes_schedules.router)
 
     @app.exception_handler(AgentClientError)
     async def client_error(request: Request, exc: AgentClientError) -> Response:

@@ -1,4 +1,5 @@
-"""``/v1/runs`` and ``/v1/sessions``: start, list, status, cancel, transcript, events, session messages.
+"""``/v1/runs`` and ``/v1/sessions``: start, list, status, cancel, transcript, events, fork, rewind,
+session messages.
 
 Every route acts through the caller's tenant-scoped ``AgentClient``: a run of another tenant is
 ``RunNotFound`` there, so it is 404 here, the same answer as a run that does not exist.
@@ -11,17 +12,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from durable_agents.agent_client import RunRef, RunSummary
 from durable_agents.api import sse
 from durable_agents.api.auth import Caller, caller, state_of
 from workflows.session_types import SendResult, SessionSpec
-from workflows.types import AgentInput, StatusView
+from workflows.types import MAX_NAME_CHARS, MAX_TASK_CHARS, AgentInput, StatusView
 
 router = APIRouter(prefix="/v1")
 Auth = Annotated[Caller, Depends(caller)]
 RunId = Annotated[str, Path(min_length=1, max_length=1000)]
+NEW_ID = r"^[A-Za-z0-9._:@/-]+$"  # the characters a caller may choose for a new run's id
 # Set only by the runtime itself (continue-as-new, a parent for its sub-agents, a fork or rewind):
 # a caller that could set them would skip a limit or read another run's state.
 INTERNAL_FIELDS = ("carry", "budget", "parent_conversation", "subagents_ref", "as_subagent", "checkpoint", "fork")
@@ -30,7 +32,7 @@ INTERNAL_FIELDS = ("carry", "budget", "parent_conversation", "subagents_ref", "a
 class StartRun(AgentInput):
     """``POST /v1/runs``: an ``AgentInput`` plus the workflow id to use (default: one is made up)."""
 
-    workflow_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    workflow_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=NEW_ID)
 
 
 class RunList(BaseModel):
@@ -53,6 +55,27 @@ class MessageBody(BaseModel):
     text: str = Field(min_length=1, max_length=100_000)
     message_id: str = Field(default="", max_length=200)  # the same id again is the same message (a retry)
     start: AgentInput | None = None
+
+
+class ForkBody(BaseModel):
+    """``POST /v1/runs/{id}/fork``: keep the source's first ``step`` steps (default: all it completed),
+    then ``task`` (a new instruction), on ``model``; ``workflow_id`` is the new run's (default: made up)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int | None = Field(default=None, ge=0)
+    task: str | None = Field(default=None, max_length=MAX_TASK_CHARS)
+    workflow_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=NEW_ID)
+    model: str = Field(default="", max_length=MAX_NAME_CHARS)
+
+
+class RewindBody(BaseModel):
+    """``POST /v1/runs/{id}/rewind``: reset the run to the end of step ``step`` (its model asked again)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0)
+    reason: str = Field(default="", max_length=1000)
 
 
 class Transcript(BaseModel):
@@ -101,6 +124,22 @@ async def cancel_run(workflow_id: RunId, who: Auth, body: CancelBody | None = No
     who.require("starter")
     await who.client.cancel(workflow_id, reason=body.reason if body else "")
     return Cancelled(workflow_id=workflow_id)
+
+
+@router.post("/runs/{workflow_id}/fork", response_model=RunRef, status_code=201)
+async def fork_run(workflow_id: RunId, body: ForkBody, who: Auth) -> RunRef:
+    """A new run from the source's first steps (the source is only read). 409 when the source has fewer
+    complete steps, 400 when that step's workspace was not checkpointed, 409 when the new id is taken."""
+    who.require("starter")
+    return await who.client.fork(workflow_id, step=body.step, task=body.task, new_id=body.workflow_id, model=body.model)
+
+
+@router.post("/runs/{workflow_id}/rewind", response_model=RunRef)
+async def rewind_run(workflow_id: RunId, body: RewindBody, who: Auth) -> RunRef:
+    """Reset the run's latest execution to the end of step ``step``; answers the run it continues as. 409
+    when it has no step after ``step`` (or ran it before a continue-as-new)."""
+    who.require("starter")
+    return await who.client.rewind(workflow_id, step=body.step, reason=body.reason)
 
 
 @router.get("/runs/{workflow_id}/transcript", response_model=Transcript)

@@ -5,12 +5,15 @@
 The cron and the name are checked while the arguments are parsed, so a typo is one line and exit 2
 before any call to Temporal. A schedule never has two runs open: a firing while its previous run is
 open is skipped (``list`` counts those). ``list`` shows this task queue's and every other schedule the
-command may see; ``--json`` prints ``ScheduleInfo`` objects. A name with no schedule is exit 1.
+command may see (``--tenant T``: T's only); ``--json`` prints ``ScheduleInfo`` objects. A name with no
+schedule is exit 1. Names are per tenant: ``pause``, ``unpause``, ``delete`` and ``trigger`` find a name
+among every tenant's schedules, and need ``--tenant T`` when several tenants use it (exit 2 otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,6 +83,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     create.add_argument("--paused", action="store_true", help="create it paused (unpause starts it)")
     listing = commands.add_parser("list", help="every schedule, with its next and recent runs")
     listing.add_argument("--json", action="store_true", help="one JSON array of schedule objects")
+    listing.add_argument("--tenant", help="only this tenant's schedules")
     for verb, text in (
         ("pause", "stop firing until unpause (a run already started goes on)"),
         ("unpause", "fire again at the cron's times"),
@@ -88,6 +92,7 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     ):
         command = commands.add_parser(verb, help=text)
         command.add_argument("name", type=_name, help="the schedule's name")
+        command.add_argument("--tenant", help="the tenant whose schedule it is (needed when several use the name)")
         if verb in ("pause", "unpause"):
             command.add_argument("--note", default="", help="why (shown with the schedule, also in the UI)")
 
@@ -105,17 +110,18 @@ async def cmd_schedule(client: Client, args: argparse.Namespace, settings: Setti
         if command == "list":
             return await _list(agents, args)
         name: str = args.name
+        tenant: str | None = args.tenant
         if command == "pause":
-            await agents.schedule_pause(name, note=args.note)
-            print(f"paused schedule {name} (resume: {cli_command(f'schedule unpause {name}')})")
+            await agents.schedule_pause(name, note=args.note, tenant=tenant)
+            print(f"paused schedule {name} (resume: {cli_command(f'schedule unpause {name}{_of(tenant)}')})")
         elif command == "unpause":
-            await agents.schedule_unpause(name, note=args.note)
+            await agents.schedule_unpause(name, note=args.note, tenant=tenant)
             print(f"unpaused schedule {name}")
         elif command == "delete":
-            await agents.schedule_delete(name)
+            await agents.schedule_delete(name, tenant=tenant)
             print(f"deleted schedule {name} (its runs are not touched)")
         else:
-            await agents.schedule_trigger(name)
+            await agents.schedule_trigger(name, tenant=tenant)
             print(f"triggered schedule {name} (skipped if its previous run is still open; see {_list_command()})")
     except (ScheduleNotFound, ScheduleExists) as err:
         raise CliError(str(err), EXIT_RUN) from None
@@ -141,8 +147,13 @@ async def _create(agents: AgentClient, args: argparse.Namespace, settings: Setti
     target = f"session {info.session}" if info.kind == "session" else "an agent run"
     print(f"created schedule {info.name} ({info.cron}): {target} at each firing, on task queue {agents.task_queue}")
     print(f"next: {info.next_runs[0]}" if info.next_runs else "next: none (paused)")
-    print(f"fire now: {cli_command(f'schedule trigger {info.name}')}   see it: {_list_command()}")
+    print(f"fire now: {cli_command(f'schedule trigger {info.name}{_of(info.tenant)}')}   see it: {_list_command()}")
     return EXIT_OK
+
+
+def _of(tenant: str | None) -> str:
+    """`` --tenant T`` for a hint that must name the tenant (another tenant may use the same name)."""
+    return f" --tenant {shlex.quote(tenant)}" if tenant else ""
 
 
 def _list_command() -> str:
@@ -150,7 +161,7 @@ def _list_command() -> str:
 
 
 async def _list(agents: AgentClient, args: argparse.Namespace) -> int:
-    infos = await agents.schedule_list()
+    infos = await (agents.for_tenant(args.tenant) if args.tenant is not None else agents).schedule_list()
     if args.json:
         print_json([info.model_dump(mode="json") for info in infos])
         return EXIT_OK
