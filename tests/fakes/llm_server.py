@@ -55,7 +55,10 @@ class Scripted:
     ``stop()`` cuts the wait short and drops the connection without an answer.
     A request with ``"stream": true`` is answered in the provider's SSE wire format (OpenAI
     ``chat.completion.chunk`` events and ``data: [DONE]``, usage last when ``stream_options.include_usage``;
-    Anthropic ``message_start`` ... ``message_stop``), the text in pieces of ``chunk_chars``.
+    Anthropic ``message_start`` ... ``message_stop``), the text in pieces of ``chunk_chars``, each followed by
+    a pause of ``piece_delay_s`` (a model writing at a given speed; none by default). A streamed request's
+    entry gets ``text_sent_at``: the ``time.time()`` each text piece went out, in order (``first_text_at``
+    is the first one's ``time.monotonic()``), so a reader's latency per piece can be measured.
     ``hold`` makes the server send the first piece and then wait for that event before the rest (a test
     sees a delta while the turn is still open); a reply with no text (or not streamed) waits for it
     before anything is sent; ``cut_after`` drops the connection after that many events (a model failing
@@ -78,6 +81,7 @@ class Scripted:
     chunk_chars: int = 4
     hold: threading.Event | None = None
     cut_after: int = 0
+    piece_delay_s: float = 0.0
 
     def usage(self, body: dict[str, Any]) -> tuple[int, int]:
         if not self.honest_usage:
@@ -392,7 +396,8 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, events: list[str], reply: Scripted, entry: dict[str, Any]) -> None:
             """Write the events one by one (the end of the body is the connection's close); the request's
-            entry gets ``first_text_at``, the ``time.monotonic()`` its first text went out."""
+            entry gets ``first_text_at``, the ``time.monotonic()`` its first text went out, and ``text_sent_at``,
+            the ``time.time()`` of each text event written."""
             self.close_connection = True
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -402,19 +407,25 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(key, value)
             self.end_headers()
             texts = 0
+            sent_at: list[float] = entry.setdefault("text_sent_at", [])
             try:
                 for sent, event in enumerate(events, start=1):
                     self.wfile.write(event.encode("utf-8"))
                     self.wfile.flush()
+                    text = '"text_delta"' in event or ('"content": "' in event and '"content": ""' not in event)
+                    if text:
+                        sent_at.append(time.time())
                     if reply.cut_after and sent >= reply.cut_after:
                         return  # the connection drops mid-stream
-                    if '"text_delta"' in event or ('"content": "' in event and '"content": ""' not in event):
+                    if text:
                         texts += 1
                         entry.setdefault("first_text_at", time.monotonic())
                         if texts == 1 and reply.hold is not None:
                             while not reply.hold.wait(0.05):
                                 if server._stopping.is_set():
                                     return
+                        if reply.piece_delay_s > 0 and server._stopping.wait(reply.piece_delay_s):
+                            return  # stopped while the model "writes"
             except (BrokenPipeError, ConnectionResetError):
                 return
 
