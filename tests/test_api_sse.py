@@ -227,7 +227,8 @@ async def test_an_sse_client_gets_the_models_text_before_the_turn_completes(
     frames = before + live + rest
     text = "".join(f["data"]["text"] for f in frames if f["event"] == "delta")
     assert text == reply  # the pieces, joined in order, once each, are the reply the transcript keeps
-    assert [b.get("stream") for b in (r["body"] for r in llm.requests)] == [True, True]
+    # The second turn streamed (the first did too if the client was listening by the time it started).
+    assert llm.requests[-1]["body"].get("stream") is True
     ids = [cursor(f) for f in frames if f["event"] != "end"]
     assert ids == sorted(ids) and len(ids) == len(set(ids)), ids
     assert frames[-1]["event"] == "end"

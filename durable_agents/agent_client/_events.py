@@ -147,7 +147,10 @@ async def _read(client: Client, workflow_id: str, offset: int, poll_cooldown: ti
         raise_if_cancelled()
         return None
     except RPCError as err:
-        if err.status == RPCStatusCode.DEADLINE_EXCEEDED or workflow_not_ready(err):
+        # The client's own deadline can also come back as CANCELLED "Timeout expired" (the transport's timer).
+        timed_out = err.status == RPCStatusCode.CANCELLED and "timeout expired" in err.message.lower()
+        if err.status == RPCStatusCode.DEADLINE_EXCEEDED or timed_out or workflow_not_ready(err):
+            raise_if_cancelled()
             await asyncio.sleep(poll_cooldown.total_seconds())
             return None
         raise
