@@ -202,3 +202,20 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 SETTINGS: dict[str, SettingsChanges] = {"mcp_tools": mcp_time_settings, "humans": humans_settings}
+
+
+FORK_STEPS = 3  # the turns of ``get_twice_then_count``'s run
+
+
+def get_twice_then_count(sink: HttpSink) -> Callable[[dict[str, Any]], Scripted]:
+    """A model for fork and rewind tests: turns 1 and 2 GET the sink; turn 3 answers with the number of
+    turns it saw (so a fork's or rewind's reply says how much of the source it kept)."""
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        turns = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        if turns < FORK_STEPS - 1:
+            get = json.dumps({"method": "GET", "url": f"{sink.url}/item/{turns + 1}"})
+            return Scripted(tool_calls=[("http_request", get)])
+        return Scripted(text=f"done after {turns} turns")
+
+    return reply

@@ -9,7 +9,6 @@ the same answers for the same transcript.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,12 +23,13 @@ from activities.runtime import Runtime
 from tests.api_support import ALICE, BOB, CAROL, Who, get_json, serve_api, write_tokens
 from tests.conftest import TEMPORAL_CLI, WorkerFactory
 from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.fakes.llm_server import FakeLLMServer
+from tests.scenarios import FORK_STEPS, get_twice_then_count
 from tests.waiting import eventually
 from workflows.progress import COST_USD, FORK_OF, MODEL, PENDING_APPROVALS, STATE, TENANT
 from workflows.types import AgentInput
 
-STEPS = 3
+STEPS = FORK_STEPS
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +53,6 @@ def cache_mode() -> str:
     return "cached"
 
 
-def model(sink: HttpSink) -> Any:
-    """Turns 1 and 2 GET the sink; turn 3 answers with the number of turns it saw."""
-
-    def reply(body: dict[str, Any]) -> Scripted:
-        turns = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-        if turns < STEPS - 1:
-            get = json.dumps({"method": "GET", "url": f"{sink.url}/item/{turns + 1}"})
-            return Scripted(tool_calls=[("http_request", get)])
-        return Scripted(text=f"done after {turns} turns")
-
-    return reply
-
-
 @pytest.fixture
 async def source(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, tmp_path: Path, llm: FakeLLMServer
@@ -74,7 +61,7 @@ async def source(
     runtime.search_attributes_ready = True
     tokens = write_tokens(tmp_path / "tokens.json")
     with HttpSink() as sink:
-        llm.default = model(sink)
+        llm.default = get_twice_then_count(sink)
         async with (
             run_worker(dev_env.client, runtime) as tq,
             serve_api(dev_env.client, tq, tokens, store_url=runtime.settings.store_url) as url,

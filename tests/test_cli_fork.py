@@ -10,7 +10,6 @@ workspace and to side effects is tested elsewhere.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -31,31 +30,19 @@ from activities.runtime import Runtime
 from durable_agents.cli.fork import reset_event_for_step
 from tests.conftest import TEMPORAL_CLI, WorkerFactory, start_agent
 from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.fakes.llm_server import FakeLLMServer
+from tests.scenarios import FORK_STEPS, get_twice_then_count
 from workflows.progress import FORK_OF
 from workflows.types import AgentInput, AgentResult
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 3
+STEPS = FORK_STEPS
 
 
 @pytest.fixture
 def cache_mode() -> str:
     """One worker mode is enough here: these tests are about the command line, not about replay."""
     return "cached"
-
-
-def _model(sink: HttpSink) -> Any:
-    """Turns 1 and 2 GET the sink; turn 3 answers with the number of turns it saw."""
-
-    def reply(body: dict[str, Any]) -> Scripted:
-        turns = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-        if turns < STEPS - 1:
-            get = json.dumps({"method": "GET", "url": f"{sink.url}/item/{turns + 1}"})
-            return Scripted(tool_calls=[("http_request", get)])
-        return Scripted(text=f"done after {turns} turns")
-
-    return reply
 
 
 @dataclass
@@ -92,7 +79,7 @@ async def _source(
 ) -> AsyncIterator[Source]:
     """A closed run of three steps, with the worker still running."""
     with HttpSink() as sink:
-        llm.default = _model(sink)
+        llm.default = get_twice_then_count(sink)
         async with run_worker(client, runtime) as task_queue:
             handle = await start_agent(client, task_queue, id_prefix="src", task="look two items up")
             result = await asyncio.wait_for(handle.result(), 60)
