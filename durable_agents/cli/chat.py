@@ -231,6 +231,7 @@ class Chat:
         _, view = await running_view(self.client, self.session_id, query_timeout=QUERY_TIMEOUT)
         if view is None or not view.session:
             raise CliError(f"run {self.session_id} is not a session; start one with {cli_command('chat')} (no id)")
+        self.tokens.started(view.step)  # the turn at work now started before this chat joined
         self.chain = desc.raw_description.workflow_execution_info.first_run_id or desc.run_id or ""
         self.offset = await WorkflowStreamClient.create(self.client, self.session_id).get_offset()
         print(
@@ -297,13 +298,14 @@ class Chat:
             warn_when_no_worker(self.client, self.session_id, self.task_queue, doing=WAITING)
         )
         status = ""
-        text = asyncio.ensure_future(self.tokens.pump())
         try:
             # cast: watch.events is an async generator, typed as the iterator it is used as elsewhere
             stream = cast(Stream, events(self.client, self.session_id, from_offset=self.offset))
-            async with contextlib.aclosing(stream):
+            async with self.tokens.printing(), contextlib.aclosing(stream):
                 async for offset, event in stream:
                     self.offset = offset + 1
+                    if event.kind == "turn_started":
+                        self.tokens.started(event.step)
                     if event.kind == "replied" and int(event.data.get("seq") or 0) >= seq:
                         status = str(event.data.get("status") or "completed")
                         break
@@ -318,16 +320,11 @@ class Chat:
             ) from None
         finally:
             watchdog.cancel()
-            text.cancel()
-            await asyncio.gather(text, return_exceptions=True)
-        await self.tokens.catch_up()
-        self.tokens.end_line()
         view = await self._status()
         note = "" if status == "completed" else f"({status}) "
         output = view.output if view is not None else "(the reply could not be read)"
-        if not (note == "" and output.strip() and self.tokens.turn_text.strip() == output.strip()):
+        if not self.tokens.streamed(output) or note:
             print(f"{REPLY}{note}{output}", flush=True)  # unless it streamed onto its ``agent>`` line already
-        self.tokens.turn_text = ""
 
     async def show(self, event: ProgressEvent) -> None:
         if event.kind in ASKING:

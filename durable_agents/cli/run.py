@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import uuid
 from pathlib import Path
@@ -337,6 +338,8 @@ class _FollowPrinter:
         for offset, event in held:
             self.printer(offset, event)
             following(self.handle.id, offset + 1)
+            if event.kind == "turn_started" and self.tokens is not None:
+                self.tokens.started(event.step)
             child_id = event.data.get("child_workflow_id") if event.kind == "tool_started" else None
             if isinstance(child_id, str) and child_id:
                 follow = watch_child(self.client, child_id, sys.stdout, POLL_COOLDOWN, None, 1)
@@ -367,16 +370,8 @@ async def _follow_stream(
 ) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
     printer = _FollowPrinter(client, handle, reviewer, note, tokens)
-    text = asyncio.ensure_future(tokens.pump()) if tokens is not None else None
-    try:
+    async with tokens.printing() if tokens is not None else contextlib.nullcontext():
         return await _follow_events(client, handle, result_task, printer, reviewer)
-    finally:
-        if text is not None:
-            text.cancel()
-            await asyncio.gather(text, return_exceptions=True)
-        if tokens is not None:
-            await tokens.catch_up()
-            tokens.end_line()
 
 
 async def _follow_events(

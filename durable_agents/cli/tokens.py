@@ -10,15 +10,16 @@ printer turns itself off without a word: the progress lines and the whole reply 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TextIO
 
 from activities.settings import Settings
 from durable_agents.agent_client import RunEvent
 from durable_agents.streaming import DeltaReader
 
-WAIT_S = 1.0  # one wait for new text; the pump is cancelled when the run (or the reply) is done
+WAIT_S = 1.0  # one wait for new text; the pump stops when the run (or the reply) is done
 RETRIED = "(the model call is being retried: the text above is discarded)"
 
 
@@ -36,7 +37,10 @@ class TokenPrinter:
         self.seq = 0  # the last delta printed (or skipped)
         self.turn = -1  # the turn whose text the open line holds
         self.open = False  # a line of streamed text is not ended yet
-        self.printed = 0  # deltas printed
+        # Text is shown once the progress lines have shown its turn start (``started``), so that it never
+        # comes before the lines of the turn before (the two are read apart, the text much sooner).
+        self.shown_turn = 0
+        self.held: list[RunEvent] = []
 
     @classmethod
     def from_settings(
@@ -50,10 +54,7 @@ class TokenPrinter:
 
     async def listen(self) -> None:
         """Say someone reads the run's text, so its next model turn streams (call it before it starts)."""
-        await self._guarded(self._listen)
-
-    async def _listen(self, reader: DeltaReader) -> None:
-        await reader.listen(self.workflow_id)
+        await self._guarded(lambda reader: reader.listen(self.workflow_id))
 
     async def skip(self) -> None:
         """Pass over the text the run streamed so far (a chat joining a session prints only what comes)."""
@@ -63,26 +64,49 @@ class TokenPrinter:
         while batch := await reader.read(self.workflow_id, self.seq):
             self.seq = batch[-1].cursor.seq
 
-    async def catch_up(self) -> None:
-        """Print what streamed since the last read (the pump stopped when the run ended: its last text)."""
-        await self._guarded(self._catch_up)
-
-    async def _catch_up(self, reader: DeltaReader) -> None:
-        while batch := await reader.read(self.workflow_id, self.seq):
-            for delta in batch:
-                self.seq = max(self.seq, delta.cursor.seq)
-                self.show(delta)
-
-    async def pump(self) -> None:
-        """Print the text as it arrives, until cancelled."""
-        await self._guarded(self._pump)
+    @contextlib.asynccontextmanager
+    async def printing(self) -> AsyncIterator[None]:
+        """Print the text as it arrives while the block runs; then what came last, and end the line."""
+        pump = asyncio.ensure_future(self._guarded(self._pump))
+        try:
+            yield
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+            await self._guarded(self._catch_up)  # the run ended between two reads: its last text
+            self.started(max((d.turn for d in self.held), default=0))  # it is over: whatever is held
+            self.end_line()
 
     async def _pump(self, reader: DeltaReader) -> None:
         while True:
-            for delta in await reader.read(self.workflow_id, self.seq):
-                self.seq = max(self.seq, delta.cursor.seq)
-                self.show(delta)
+            await self._show_new(reader)
             await reader.wait(self.workflow_id, self.seq, WAIT_S)
+
+    async def _catch_up(self, reader: DeltaReader) -> None:
+        while await self._show_new(reader):
+            pass
+
+    async def _show_new(self, reader: DeltaReader) -> bool:
+        """Print the deltas after the last one printed; whether there were any."""
+        batch = await reader.read(self.workflow_id, self.seq)
+        for delta in batch:
+            self.seq = max(self.seq, delta.cursor.seq)
+            if delta.turn <= self.shown_turn and not self.held:
+                self.show(delta)
+            else:
+                self.held.append(delta)
+        return bool(batch)
+
+    def started(self, turn: int) -> None:
+        """The progress lines have shown turn ``turn`` start: its text (and any earlier turn's) may show."""
+        self.shown_turn = max(self.shown_turn, turn)
+        while self.held and self.held[0].turn <= self.shown_turn:
+            self.show(self.held.pop(0))
+
+    def streamed(self, text: str) -> bool:
+        """Whether the last line of streamed text was ``text`` (a reply already shown whole); forgets it."""
+        shown, self.turn_text = self.turn_text, ""
+        return bool(text.strip()) and shown.strip() == text.strip()
 
     def show(self, delta: RunEvent) -> None:
         """One delta: a retried call's first says its earlier text is void; a new turn starts a new line."""
@@ -95,11 +119,10 @@ class TokenPrinter:
         if not self.open:
             self.file.write(self.prefix)
             self.open = True
-            self.turn_text = ""  # kept when the line ends: a chat compares it with the reply
+            self.turn_text = ""  # kept when the line ends: a chat compares it with the reply (``streamed``)
         self.turn_text += delta.text
         self.file.write(delta.text.replace("\n", "\n" + " " * len(self.prefix)))
         self.file.flush()
-        self.printed += 1
 
     def end_line(self) -> None:
         """End the streamed text's open line (before a progress line, and at the end)."""
@@ -109,7 +132,7 @@ class TokenPrinter:
             self.open = False
             self.turn = -1  # what streams next starts a line of its own
 
-    async def _guarded(self, work: Callable[[DeltaReader], Awaitable[None]]) -> None:
+    async def _guarded(self, work: Callable[[DeltaReader], Awaitable[object]]) -> None:
         if self.reader is None:
             return
         try:
