@@ -210,7 +210,7 @@ class DurableAgentsPlugin(SimplePlugin):
                     memory=lambda: self.runtime.memory,
                     deltas=lambda: self.runtime.deltas,
                 ),
-                name="sandbox-reaper",
+                name=f"sandbox-reaper {worker.task_queue}",  # whose it is, among the workers of one process
             )
             if self._reaper
             else None

@@ -16,8 +16,15 @@ from durable_agents.plugin import share_workflow_module
 from tests.waiting import eventually
 
 
-def reaper_tasks() -> list[asyncio.Task[object]]:
-    return [t for t in asyncio.all_tasks() if t.get_name() == "sandbox-reaper" and not t.done()]
+def reaper_tasks(task_queue: str = "") -> list[asyncio.Task[object]]:
+    """The reapers running in this event loop (of the worker on ``task_queue`` when given)."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith("sandbox-reaper ")
+        and (not task_queue or t.get_name() == f"sandbox-reaper {task_queue}")
+        and not t.done()
+    ]
 
 
 async def test_reaper_runs_with_the_worker_and_is_awaited_when_it_stops(
@@ -25,9 +32,10 @@ async def test_reaper_runs_with_the_worker_and_is_awaited_when_it_stops(
 ) -> None:
     fast = replace(settings, sandbox=SandboxSettings(reap_interval_s=0.05))
     plugin = DurableAgentsPlugin(fast, search_attributes=False)
-    others = set(reaper_tasks())  # other workers' reapers in this event loop (a shared fixture's) are not ours
-    async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
-        mine = await eventually(lambda: set(reaper_tasks()) - others, "the worker's reaper runs")
+    task_queue = f"plugin-{uuid.uuid4().hex[:8]}"
+    # By name: other workers of this event loop (a shared fixture's, a test's leftover) have reapers of their own.
+    async with Worker(dev_env.client, task_queue=task_queue, plugins=[plugin]):
+        mine = await eventually(lambda: reaper_tasks(task_queue), "the worker's reaper runs")
         assert len(mine) == 1
     assert all(task.done() for task in mine), "the reaper task must finish before the worker's exit returns"
     assert plugin.runtime._store is None, "the plugin closed the runtime it built"
@@ -38,9 +46,11 @@ async def test_reaper_runs_with_the_worker_and_is_awaited_when_it_stops(
 
 async def test_no_reaper_when_the_interval_is_zero(dev_env: WorkflowEnvironment, settings: Settings) -> None:
     plugin = DurableAgentsPlugin(replace(settings, sandbox=SandboxSettings(reap_interval_s=0)), search_attributes=False)
-    async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
-        await asyncio.sleep(0.1)
-        assert reaper_tasks() == []
+    task_queue = f"plugin-{uuid.uuid4().hex[:8]}"
+    async with Worker(dev_env.client, task_queue=task_queue, plugins=[plugin]):
+        # The plugin counts the worker as running after the point where it would have started a reaper.
+        await eventually(lambda: plugin._running_workers == 1, "the plugin runs the worker")
+        assert reaper_tasks(task_queue) == []
 
 
 async def test_workers_share_the_agent_workflow_module_across_runs(

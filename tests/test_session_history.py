@@ -60,6 +60,9 @@ async def chain_sizes(client: Client, workflow_id: str, first_run_id: str) -> li
     return sizes
 
 
+# A hang guard, not a speed bound: 300 messages (600 model turns) take several minutes beside five other
+# xdist workers on two cores, more than the suite's default 300 s.
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("cache_mode", ["cached"], indirect=True)
 async def test_300_messages_with_10_kb_tool_outputs_keep_history_linear(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
