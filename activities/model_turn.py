@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from datetime import timedelta
 from typing import Any, cast
@@ -22,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from activities import observability as telemetry
 from activities.heartbeat import heartbeating
 from activities.mcp import catalog as mcp_catalog
+from activities.models import structured
 from activities.models.base import (
     FatalProviderError,
     ProviderReply,
@@ -52,6 +54,7 @@ MAX_TEXT_IN_HISTORY = 32 * 1024
 BUDGET_POLL_S = 0.2  # how often a turn waiting for the tree's budget asks again
 MODEL_HEARTBEAT_S = 5.0  # the workflow sets a 20 s heartbeat timeout on model calls
 INTERRUPTIBLE_HEARTBEAT_S = 1.0  # a cancel arrives with a heartbeat's answer (ModelRequest.interruptible)
+SCHEMAS_CACHED = 256  # output schemas kept in memory by digest (the run store has them all)
 log = structlog.get_logger("activities.model")
 
 
@@ -59,6 +62,24 @@ class ModelActivities:
     def __init__(self, runtime: Runtime, snapshots: mcp_catalog.SnapshotCache | None = None) -> None:
         self._rt = runtime
         self._snapshots = snapshots if snapshots is not None else mcp_catalog.SnapshotCache()
+        self._schemas: dict[str, dict[str, Any]] = {}
+
+    async def _output_schema(self, digest: str) -> dict[str, Any] | None:
+        """The run's output schema (``RunConfig.output_schema_ref``), or None when it has none."""
+        if not digest:
+            return None
+        schema = self._schemas.get(digest)
+        if schema is None:
+            data = await self._rt.store.get_blob(digest)
+            if data is None:
+                raise ApplicationError(
+                    f"the run's output schema {digest} is not in the run store", type="SnapshotMissing"
+                )
+            schema = json.loads(data)
+            if len(self._schemas) >= SCHEMAS_CACHED:
+                self._schemas.pop(next(iter(self._schemas)))
+            self._schemas[digest] = schema
+        return schema
 
     async def _mcp_tools(self, digest: str) -> dict[str, mcp_catalog.McpToolDef]:
         """The run's MCP snapshot by name (cached; the store has it for any worker that runs the run)."""
@@ -91,6 +112,7 @@ class ModelActivities:
                 )
 
             mcp_tools = await self._mcp_tools(req.mcp_snapshot)
+            schema = await self._output_schema(req.output_schema_ref)
             # The turn's own position, written by an earlier attempt of this run (appends are all before it,
             # so only a new branch can have changed what is there).
             stored = await store.get_message(req.conversation_id, req.transcript_len) if branch else found
@@ -101,7 +123,7 @@ class ModelActivities:
                 if budget is not None:
                     await self._reserve(budget, turn_key, *self._worst_case(req, transcript, definitions))
                 try:
-                    reply_message, meta = await self._call_provider(req, transcript, definitions)
+                    reply_message, meta = await self._call_provider(req, transcript, definitions, schema)
                 except BaseException:
                     if budget is not None:
                         await store.budget_release(budget.root, turn_key)
@@ -111,11 +133,13 @@ class ModelActivities:
                     meta["mcp_snapshot"] = req.mcp_snapshot  # keeps the snapshot alive for garbage collection
                 if req.subagents_ref:
                     meta["subagents"] = req.subagents_ref  # keeps the definitions alive for the run's children
+                if req.output_schema_ref:
+                    meta["output_schema"] = req.output_schema_ref  # keeps the schema alive while the run is kept
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
             self._rt.transcripts.remember(req.conversation_id, stored)
-            turn = self._turn(req, stored.message, stored.meta, mcp_tools)
+            turn = self._turn(req, stored.message, stored.meta, mcp_tools, schema)
             if branch:
                 turn.conversation_id = branch
             if budget is not None:  # again when reused: the attempt that stored it may have died before this
@@ -179,7 +203,11 @@ class ModelActivities:
         return definitions + [subagent_definition(name, text) for name, text in req.subagents.items()]
 
     async def _call_provider(
-        self, req: ModelRequest, transcript: list[Message], definitions: list[dict[str, Any]]
+        self,
+        req: ModelRequest,
+        transcript: list[Message],
+        definitions: list[dict[str, Any]],
+        schema: dict[str, Any] | None,
     ) -> tuple[Message, dict[str, object]]:
         try:
             provider_name, model_name = self._rt.providers.registry.check_model(req.model)
@@ -199,16 +227,25 @@ class ModelActivities:
             try:
                 async with heartbeating(INTERRUPTIBLE_HEARTBEAT_S if req.interruptible else MODEL_HEARTBEAT_S):
                     if publisher is not None:
-                        reply = await cast(StreamingProvider, provider).stream(
+                        stream = cast(StreamingProvider, provider).stream
+                        messages, native = _shaped(stream, transcript, schema)
+                        reply = await cast(Any, stream)(
                             model_name,
-                            transcript,
+                            messages,
                             definitions,
                             on_text=publisher.text,
                             max_output_tokens=self._rt.settings.max_output_tokens,
+                            **({"output_schema": native} if native is not None else {}),
                         )
                     else:
+                        messages, native = _shaped(getattr(provider, "complete", None), transcript, schema)
                         reply = await complete_capped(
-                            provider, model_name, transcript, definitions, self._rt.settings.max_output_tokens
+                            provider,
+                            model_name,
+                            messages,
+                            definitions,
+                            self._rt.settings.max_output_tokens,
+                            output_schema=native,
                         )
             except (RetryableProviderError, FatalProviderError) as exc:
                 if publisher is not None:
@@ -289,10 +326,21 @@ class ModelActivities:
         return ApplicationError(message, type="ModelRejected", non_retryable=True)
 
     def _turn(
-        self, req: ModelRequest, message: Message, meta: dict[str, object], mcp_tools: dict[str, mcp_catalog.McpToolDef]
+        self,
+        req: ModelRequest,
+        message: Message,
+        meta: dict[str, object],
+        mcp_tools: dict[str, mcp_catalog.McpToolDef],
+        schema: dict[str, Any] | None,
     ) -> ModelTurn:
         text = message.content
+        # A final answer is checked here, on what the store holds: a retry of the turn answers the same.
+        output_json, output_errors = (
+            structured.check_output(text, schema) if schema is not None and not message.tool_calls else (None, [])
+        )
         return ModelTurn(
+            output_json=output_json,
+            output_errors=output_errors,
             text=text[:MAX_TEXT_IN_HISTORY],
             text_truncated=len(text) > MAX_TEXT_IN_HISTORY,
             tool_calls=[self._validated(req, call, mcp_tools) for call in message.tool_calls],
@@ -311,6 +359,18 @@ class ModelActivities:
         if call.name in mcp_tools and call.name in req.tools:
             return mcp_catalog.validate_call(call, mcp_tools[call.name])
         return self._rt.tools.validate_call(call, req.tools, self._rt.settings)
+
+
+def _shaped(
+    method: object, transcript: list[Message], schema: dict[str, Any] | None
+) -> tuple[list[Message], dict[str, Any] | None]:
+    """The messages to send and the schema to pass natively: a provider ``method`` without an
+    ``output_schema`` keyword gets the schema in its system prompt instead."""
+    if schema is None:
+        return transcript, None
+    if structured.takes_output_schema(method):
+        return transcript, schema
+    return structured.with_instruction(transcript, schema), None
 
 
 def _redacted_reply(reply: ProviderReply, secrets: list[str]) -> Message:

@@ -7,7 +7,9 @@ every later step replays against the same configuration whatever the worker's ch
 from __future__ import annotations
 
 import fnmatch
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -15,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from activities.mcp import catalog as mcp_catalog
 from activities.mcp.pool import McpUnavailable
 from activities.models.base import FatalProviderError
+from activities.models.structured import schema_problem
 from activities.runtime import Runtime
 from activities.store_errors import store_guarded
 from activities.subagents import load as load_definitions
@@ -87,6 +90,7 @@ class RunConfigActivities:
         ref = req.subagents_ref if req.subagents_ref and requested_subagents == subagents else ""
         if subagents and not ref:
             ref = await store_definitions(self._rt.store, subagents)
+        output_schema_ref = await self._output_schema(req.output_schema, own)
         settings = self._rt.settings
         # Last: a run refused for its inputs above never takes one of its tenant's places.
         tenant_slot = req.open_run and await reserve_tenant_run(self._rt, req.tenant, activity.info().workflow_id or "")
@@ -107,7 +111,21 @@ class RunConfigActivities:
             cost_tracked=not unpriced,
             fail_workflow_on_error=settings.fail_workflow_on_error,
             tenant_slot=tenant_slot,
+            output_schema_ref=output_schema_ref,
         )
+
+    async def _output_schema(self, requested: dict[str, Any] | None, own: SubagentDef | None) -> str:
+        """The digest of the run's output schema in the run store ("" for none); a bad schema refuses the run.
+
+        A sub-agent's is its definition's unless its input has one of its own.
+        """
+        schema = requested if requested is not None else (own.output_schema if own is not None else None)
+        if schema is None:
+            return ""
+        problem = schema_problem(schema)
+        if problem:
+            raise ApplicationError(f"output_schema: {problem}", type="InvalidInput", non_retryable=True)
+        return await self._rt.store.put_blob(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode())
 
     async def _own_definition(
         self, req: RunConfigRequest

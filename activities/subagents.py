@@ -98,8 +98,9 @@ async def load(run_store: RunStore, digest: str) -> dict[str, SubagentDef]:
 
 
 def slim(definitions: Mapping[str, SubagentDef]) -> dict[str, SubagentDef]:
-    """What a run's workflow keeps of each definition: no system prompt, model or tools (they are in the blob)."""
+    """What a run's workflow keeps of each definition: no system prompt, model, tools or output schema (they
+    are in the blob)."""
     return {
-        name: definition.model_copy(update={"system_prompt": "", "model": "", "tools": None})
+        name: definition.model_copy(update={"system_prompt": "", "model": "", "tools": None, "output_schema": None})
         for name, definition in definitions.items()
     }

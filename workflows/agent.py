@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.session_types import SessionCarry, SessionMessage, SessionOpenRequest, SessionOpenResult
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
+    from workflows.typed_output import failure_text, retry_instruction
     from workflows.types import (
         MAX_APPROVAL_TIMEOUT_S,
         TENANT_QUOTA_EXCEEDED,
@@ -127,6 +128,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         self._children_usage = Usage()
         self._model = ""
         self._output = ""
+        self._output_json: Any = None  # a completed run's typed result (``output_schema``)
         self._carry: Carry | None = None  # the loop's state once the run started (read by ``status``)
         self._last_event = "starting"
         # Refusals are counted from the first activation on (signals are handled before ``run``
@@ -334,6 +336,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                     and inp.limits.max_cost_usd > 0,
                     tenant=inp.tenant,
                     open_run=info.parent is None,
+                    output_schema=inp.output_schema,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
@@ -376,6 +379,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             cost_tracked=config.cost_tracked,
             fail_workflow_on_error=config.fail_workflow_on_error,
             tenant_slot=config.tenant_slot,
+            output_schema_ref=config.output_schema_ref,
             budget=inp.budget
             or (
                 TreeBudget(
@@ -481,9 +485,29 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                 tool_calls=[c.name for c in turn.tool_calls],
             )
             if not turn.tool_calls:
+                if turn.output_errors:  # a typed result that does not match the run's output_schema
+                    if carry.output_retries >= inp.limits.max_output_retries:
+                        return Ending("failed", failure_text(turn.output_errors, carry.output_retries + 1))
+                    self._retry_output(inp, carry, turn.output_errors)
+                    continue
+                self._output_json = turn.output_json
                 return Ending("completed", turn.text, "message" if session else "run")
             await self._tools.run_turn(inp, carry, turn)
             self._usage, self._children_usage = carry.usage, carry.children_usage
+
+    def _retry_output(self, inp: AgentInput, carry: Carry, errors: list[str]) -> None:
+        """Send a final answer that does not match the output schema back to the model, with why."""
+        carry.output_retries += 1
+        allowed = inp.limits.max_output_retries
+        self._emit(
+            "output_invalid",
+            f"turn {carry.step}: the answer does not match output_schema; asking again "
+            f"({carry.output_retries} of {allowed})",
+            errors=errors,
+        )
+        text = retry_instruction(errors, carry.output_retries, allowed)
+        carry.pending.append(TranscriptEntry(seq=carry.transcript_len, message=Message(role="user", content=text)))
+        carry.transcript_len += 1
 
     async def _recall(self, inp: AgentInput, carry: Carry, query: str) -> None:
         if inp.memory is not None and inp.memory.recall == "auto" and workflow.patched(MEMORY_RECALL_PATCH):
@@ -518,6 +542,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             mcp_snapshot=carry.mcp_snapshot,
             subagents_ref=carry.subagents_ref,
             interruptible=interruptible,
+            output_schema_ref=carry.output_schema_ref,
         )
         # An interrupted turn is waited for until its activity has stopped, so that no reply it was still
         # writing lands where the next turn writes; ``close`` interrupts any session's turn the same way.
@@ -686,6 +711,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             steps=self._step,
             checkpoint=checkpoint,
             decisions=self._book.decisions,
+            output_json=self._output_json if status == "completed" else None,
         )
 
 

@@ -17,6 +17,7 @@ Deterministic workflow code, used by ``ToolCallRunner``. What bounds a tree of r
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -176,7 +177,9 @@ class Delegator:
         carry.usage = carry.usage.plus(result.usage)
         if self.on_usage is not None:
             self.on_usage(carry)
-        text = result.output[:MAX_SUBAGENT_RESULT_CHARS]
+        # A typed result reaches the parent's model as its JSON (no code fence or spacing of the child's model).
+        output = result.output if result.output_json is None else json.dumps(result.output_json, ensure_ascii=False)
+        text = output[:MAX_SUBAGENT_RESULT_CHARS]
         if result.status != "completed":
             text += f"\n[sub-agent {call.name} ({child_id}) ended {result.status} after {result.steps} steps]"
         return text, result.status == "completed"

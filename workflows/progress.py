@@ -35,6 +35,7 @@ EventKind = Literal[
     "rewound",
     "finished",
     "memory_recalled",  # memory.recall put entries into the context (data: recalled), or failed
+    "output_invalid",  # the final answer did not match output_schema: sent back to the model (data: errors)
     # sessions
     "message_received",  # a message was taken (data: seq, message_id, sender)
     "message_refused",  # a message was refused (data: reason)

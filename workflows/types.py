@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -38,6 +38,7 @@ from workflows.human_types import RememberedApproval as RememberedApproval
 from workflows.human_types import bounded_arguments
 from workflows.known_keys import KnownKeys
 from workflows.session_types import SessionCarry, SessionSpec
+from workflows.typed_output import MAX_OUTPUT_RETRIES, OutputSchema, schema_of
 
 # Bounds of what a run accepts from outside. Every number and string a caller sends is bounded, so
 # that no input can overflow a timer or a datetime in workflow code, or grow the run's state
@@ -68,6 +69,7 @@ MAX_RUN_INPUT_BYTES = 1024 * 1024
 MAX_TURN_CHILD_INPUT_BYTES = 2 * 1024 * 1024
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+_M = TypeVar("_M", bound=BaseModel)
 
 # ``idle``: a session waiting for its next message.
 RunState = Literal[
@@ -84,6 +86,8 @@ class Limits(KnownKeys):  # a misspelled limit must not run with the default
     max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)  # 0: no cost limit
     timeout_s: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_S)  # working time; waiting for people does not count
     max_depth: int = Field(default=3, ge=0, le=MAX_DEPTH)  # depth of sub-agent delegation (0: none)
+    # Final answers that do not match ``output_schema`` sent back to the model before the run fails.
+    max_output_retries: int = Field(default=2, ge=0, le=MAX_OUTPUT_RETRIES)
 
     # Only the limits a caller set are serialized, so the workflow can tell an explicit cap from the default
     # (``model_fields_set``): an explicit max_cost_usd with a model that has no price is refused at start.
@@ -116,6 +120,7 @@ class SubagentDef(KnownKeys):
     limits: Limits | None = None  # None: the defaults; always capped by the parent's remaining budget
     policy: dict[str, Any] = Field(default_factory=dict)  # can only tighten the parent's run policy
     share_sandbox: bool = False  # work in the parent's workspace (never while anything else uses it)
+    output_schema: OutputSchema | None = None  # the JSON Schema its final answer must match (the parent gets the JSON)
 
 
 class Usage(BaseModel):
@@ -210,6 +215,8 @@ class Carry(BaseModel):
     fail_workflow_on_error: bool = False
     # RunConfig.tenant_slot: the run holds a place among its tenant's open runs; its cleanup gives it back.
     tenant_slot: bool = False
+    output_schema_ref: str = Field(default="", pattern=BLOB_REF_PATTERN)  # RunConfig.output_schema_ref
+    output_retries: int = Field(default=0, ge=0)  # final answers sent back for not matching the schema
     session: SessionCarry | None = None  # set for sessions: their messages, queue and idle time
     # What a session's idempotency keys and approval ids derive from: "<workflow id>/<first run id>", so
     # that a session woken under the same workflow id after it ended never meets its earlier keys.
@@ -332,6 +339,12 @@ class AgentInput(KnownKeys):
     as_subagent: str = Field(default="", pattern=r"^([a-zA-Z][a-zA-Z0-9_-]{0,63})?$")  # which of them this run is
     # The run is a session: after each reply it waits for the next message (``workflows.session_types``).
     session: SessionSpec | None = None
+    # The JSON Schema the final answer must match (a typed result: ``AgentResult.output_json``). Not for sessions.
+    output_schema: OutputSchema | None = None
+
+    def with_output(self, model: type[BaseModel]) -> AgentInput:
+        """This input with ``output_schema`` set to ``model``'s JSON Schema (read it with ``AgentResult.output_as``)."""
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), "output_schema": schema_of(model)})
 
     @model_validator(mode="before")
     @classmethod
@@ -359,6 +372,8 @@ class AgentInput(KnownKeys):
     def _run_has_task(self) -> AgentInput:
         if not self.task and self.session is None:
             raise ValueError("task must not be empty (only a session may start without one)")
+        if self.session is not None and self.output_schema is not None:
+            raise ValueError("output_schema is for runs: a session's replies are text")
         return self
 
 
@@ -369,6 +384,17 @@ class AgentResult(BaseModel):
     steps: int  # model turns taken
     checkpoint: str = ""  # the workspace checkpoint the run ended with (a sandbox-sharing sub-agent's parent adopts it)
     decisions: list[DecisionRecord] = Field(default_factory=list)  # the run's decisions (as ``status`` lists them)
+    output_json: Any = None  # with ``output_schema``: the final answer, parsed and valid against the schema
+
+    def output_as(self, model: type[_M]) -> _M:
+        """The typed result as ``model`` (the run's ``output_schema`` was ``model``'s).
+
+        Raises ``ValueError`` when the run has no typed result (it did not complete, or had no
+        ``output_schema``), and pydantic's ``ValidationError`` when the JSON is not a ``model``.
+        """
+        if self.output_json is None:
+            raise ValueError(f"the run has no typed result (status {self.status}; was output_schema given?)")
+        return model.model_validate(self.output_json)
 
 
 class PendingApproval(BaseModel):
@@ -577,6 +603,7 @@ class RunConfigRequest(BaseModel):
     tenant: Name = ""
     # A top-level run (no parent workflow): counted among its tenant's open runs while it is open.
     open_run: bool = False
+    output_schema: dict[str, Any] | None = None  # the run's own (a sub-agent's comes from its definition)
 
 
 class RunConfig(BaseModel):
@@ -599,6 +626,7 @@ class RunConfig(BaseModel):
     cost_tracked: bool = True  # False: the model has no price (its turns cost $0; max_cost_usd cannot stop it)
     fail_workflow_on_error: bool = False  # AGENT_FAIL_WORKFLOW_ON_ERROR (see ``Carry``)
     tenant_slot: bool = False  # counted among its tenant's open runs (AGENT_TENANT_MAX_OPEN_RUNS): release at the end
+    output_schema_ref: str = ""  # the run's output schema, checked and stored in the run store ("": none)
 
 
 class ModelRequest(BaseModel):
@@ -612,6 +640,7 @@ class ModelRequest(BaseModel):
     budget: TreeBudget | None = None  # the turn is reserved under it before the provider is called
     mcp_snapshot: str = ""  # where the model activity finds the MCP tools' definitions (RunConfig.mcp_snapshot)
     subagents_ref: str = ""  # the run's sub-agent definitions (kept in the run store while the run is)
+    output_schema_ref: str = ""  # the run's output schema in the run store: a final answer is checked against it
     # A session that takes ``on_busy: interrupt``: the call heartbeats every second, so that a cancel for a
     # new message reaches it at once.
     interruptible: bool = False
@@ -650,6 +679,9 @@ class ModelTurn(BaseModel):
     response_id: str = ""
     model: str = ""
     message_seq: int = 0
+    # With ``ModelRequest.output_schema_ref`` and no tool calls: the answer parsed, or why it does not match.
+    output_json: Any = None
+    output_errors: list[str] = Field(default_factory=list)
     # Set when this turn moved the run to a new branch of its transcript (the run was reset: its old
     # branch already holds a different future at these positions); the run continues there.
     conversation_id: str = ""

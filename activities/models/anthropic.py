@@ -11,6 +11,7 @@ requires user/assistant alternation. Errors: see ``http_errors``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from activities.models.http_errors import as_int, error_message, malformed, miss
 from activities.models.http_provider import HttpProvider
 from activities.models.registry import provider
 from activities.models.sse import ended_early, post_sse
+from activities.models.structured import OUTPUT_TOOL, tool_schema
 from activities.redaction import redact
 from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
@@ -63,14 +65,17 @@ class AnthropicProvider(HttpProvider):
         tools: list[dict[str, Any]],
         *,
         max_output_tokens: int | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> ProviderReply:
         """One Messages API call; ``model`` is Anthropic's model name (no ``anthropic:`` prefix).
 
         ``max_tokens`` (which the API requires) is ``max_output_tokens``, or the provider's own default.
+        With ``output_schema`` the model must call a tool (``tool_choice``): the ``final_output`` tool, whose
+        input is the schema, or one of the run's; a ``final_output`` call is the reply's text, as JSON.
         """
-        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens, output_schema)
         data = await post_json(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets)
-        return parse_reply(data, secrets)
+        return parse_reply(data, secrets, output=_output_tool(output_schema))
 
     async def stream(
         self,
@@ -80,9 +85,10 @@ class AnthropicProvider(HttpProvider):
         *,
         on_text: TextSink,
         max_output_tokens: int | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> ProviderReply:
         """``complete``, streamed (``"stream": true``): ``on_text`` gets each ``text_delta``."""
-        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens, output_schema)
         body["stream"] = True
         message = StreamedMessage()
         async for event, data in post_sse(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets):
@@ -94,7 +100,7 @@ class AnthropicProvider(HttpProvider):
                 raise malformed(PROVIDER, "stream event is not a JSON object", secrets)
             kind = str(payload.get("type") or event)
             if kind == "message_stop":
-                return parse_reply(message.data(), secrets)
+                return parse_reply(message.data(), secrets, output=_output_tool(output_schema))
             if kind == "error":
                 raise stream_error(payload, secrets)
             text = message.add(kind, payload, secrets)
@@ -103,7 +109,12 @@ class AnthropicProvider(HttpProvider):
         raise ended_early(PROVIDER)
 
     def _request(
-        self, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int | None
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        max_output_tokens: int | None,
+        output_schema: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
         self.require_key(DEFAULT_BASE_URL, "ANTHROPIC_API_KEY")
         secrets = self._secrets()
@@ -116,6 +127,12 @@ class AnthropicProvider(HttpProvider):
             body["system"] = system
         if tools:
             body["tools"] = [render_tool(t) for t in tools]
+        if output_schema is not None:
+            input_schema, _ = tool_schema(output_schema)
+            final = {"name": OUTPUT_TOOL, "description": OUTPUT_TOOL_DESCRIPTION, "input_schema": input_schema}
+            body["tools"] = [*body.get("tools", []), final]
+            # Forced: with tools of its own the model may call those first ("any"), else only the answer.
+            body["tool_choice"] = {"type": "any"} if tools else {"type": "tool", "name": OUTPUT_TOOL}
         return f"{self.base_url}/v1/messages", headers, body, secrets
 
 
@@ -251,18 +268,42 @@ def render_tool(tool: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_reply(data: dict[str, Any], secrets: list[str]) -> ProviderReply:
-    """``ProviderReply`` from a Messages API response; raises ``malformed`` if ``content`` is not a list."""
+OUTPUT_TOOL_DESCRIPTION = "Give your final answer: call this when you are done, with the answer as its input."
+
+
+@dataclass(frozen=True)
+class OutputTool:
+    """How a reply's ``final_output`` call is read: its input is the answer, or holds it as ``output``."""
+
+    wrapped: bool
+
+
+def _output_tool(schema: dict[str, Any] | None) -> OutputTool | None:
+    return None if schema is None else OutputTool(wrapped=tool_schema(schema)[1])
+
+
+def parse_reply(data: dict[str, Any], secrets: list[str], *, output: OutputTool | None = None) -> ProviderReply:
+    """``ProviderReply`` from a Messages API response; raises ``malformed`` if ``content`` is not a list.
+
+    With ``output``, a ``final_output`` call alone is the reply: its input as JSON text, without tool calls.
+    Beside other calls it is dropped (the model answers again once their results are in).
+    """
     content = data.get("content")
     if not isinstance(content, list):
         raise missing(PROVIDER, data, "content", secrets)
     texts: list[str] = []
     calls: list[RecordedToolCall] = []
+    answer: str | None = None
     for index, block in enumerate(content):
         if not isinstance(block, dict):
             raise missing(PROVIDER, data, f"content[{index}] object", secrets)
         if block.get("type") == "text":
             texts.append(str(block.get("text") or ""))
+        elif block.get("type") == "tool_use" and output is not None and block.get("name") == OUTPUT_TOOL:
+            value = block.get("input")
+            if output.wrapped and isinstance(value, dict):
+                value = value.get("output")
+            answer = json.dumps(value, ensure_ascii=False)
         elif block.get("type") == "tool_use":
             call_id = block.get("id")
             if not isinstance(call_id, str) or not call_id:
@@ -278,7 +319,7 @@ def parse_reply(data: dict[str, Any], secrets: list[str]) -> ProviderReply:
     if not isinstance(usage, dict):
         usage = {}
     return ProviderReply(
-        text="".join(texts),
+        text=answer if answer is not None and not calls else "".join(texts),
         tool_calls=calls,
         input_tokens=as_int(usage.get("input_tokens")),
         output_tokens=as_int(usage.get("output_tokens")),

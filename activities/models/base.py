@@ -46,7 +46,9 @@ class ProviderReply(BaseModel):
 
 
 class ModelProvider(Protocol):
-    """What a provider implements. It may also take a keyword ``max_output_tokens`` (see ``CappedProvider``)."""
+    """What a provider implements. It may also take the keywords ``max_output_tokens`` (see ``CappedProvider``)
+    and ``output_schema`` (a run's JSON Schema for its final answer, for native structured output; a provider
+    without it has the schema put in the system prompt instead: ``activities.models.structured``)."""
 
     async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         """One model turn. ``tools`` are provider-neutral definitions
@@ -78,14 +80,25 @@ def takes_output_cap(provider: object) -> bool:
 
 
 async def complete_capped(
-    provider: ModelProvider, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int
+    provider: ModelProvider,
+    model: str,
+    messages: list[Message],
+    tools: list[dict[str, Any]],
+    max_output_tokens: int,
+    *,
+    output_schema: dict[str, Any] | None = None,
 ) -> ProviderReply:
-    """One model turn, with the output cap when the provider takes one."""
+    """One model turn, with the output cap when the provider takes one.
+
+    ``output_schema`` is passed on only when given (the caller checked that the provider takes it:
+    ``activities.models.structured.takes_output_schema``).
+    """
+    extra: dict[str, Any] = {"output_schema": output_schema} if output_schema is not None else {}
     if takes_output_cap(provider):
-        return await cast(CappedProvider, provider).complete(
-            model, messages, tools, max_output_tokens=max_output_tokens
-        )
-    return await provider.complete(model, messages, tools)
+        reply = await cast(Any, provider).complete(model, messages, tools, max_output_tokens=max_output_tokens, **extra)
+    else:
+        reply = await cast(Any, provider).complete(model, messages, tools, **extra)
+    return cast(ProviderReply, reply)
 
 
 TextSink = Callable[[str], Awaitable[None]]

@@ -19,6 +19,7 @@ from activities.models.http_errors import as_int, error_message, malformed, miss
 from activities.models.http_provider import HttpProvider
 from activities.models.registry import provider
 from activities.models.sse import ended_early, post_sse
+from activities.models.structured import OUTPUT_TOOL
 from activities.settings import Settings
 from workflows.types import Message, RecordedToolCall
 
@@ -50,13 +51,16 @@ class OpenAIProvider(HttpProvider):
         tools: list[dict[str, Any]],
         *,
         max_output_tokens: int | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> ProviderReply:
         """One chat completion; ``model`` is the server's model name (no ``openai:`` prefix).
 
         ``max_output_tokens`` goes out as ``max_completion_tokens`` to OpenAI itself (its o-series
         refuses ``max_tokens``) and as ``max_tokens`` to any other server (vLLM, Ollama, llama.cpp).
+        ``output_schema`` goes out as ``response_format`` of type ``json_schema`` (not strict: a strict
+        schema must close every object, which a user's schema need not).
         """
-        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens, output_schema)
         data = await post_json(self._client, PROVIDER, url, headers=headers, body=body, secrets=secrets)
         return parse_reply(data, secrets)
 
@@ -68,9 +72,10 @@ class OpenAIProvider(HttpProvider):
         *,
         on_text: TextSink,
         max_output_tokens: int | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> ProviderReply:
         """``complete``, streamed (``stream: true``, usage in the last chunk): ``on_text`` gets each text delta."""
-        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens)
+        url, headers, body, secrets = self._request(model, messages, tools, max_output_tokens, output_schema)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         reply = StreamedReply()
@@ -83,7 +88,12 @@ class OpenAIProvider(HttpProvider):
         raise ended_early(PROVIDER)
 
     def _request(
-        self, model: str, messages: list[Message], tools: list[dict[str, Any]], max_output_tokens: int | None
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        max_output_tokens: int | None,
+        output_schema: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
         self.require_key(DEFAULT_BASE_URL, "OPENAI_API_KEY")
         secrets = self._secrets()
@@ -94,6 +104,11 @@ class OpenAIProvider(HttpProvider):
         if max_output_tokens is not None:
             official = self.base_url.rstrip("/") == DEFAULT_BASE_URL
             body["max_completion_tokens" if official else "max_tokens"] = max_output_tokens
+        if output_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": OUTPUT_TOOL, "schema": output_schema, "strict": False},
+            }
         return f"{self.base_url}/chat/completions", headers, body, secrets
 
 

@@ -86,9 +86,28 @@ def _stdout_first_line(result: str) -> str:
 
 
 class ScriptedProvider:
-    """Deterministic stand-in for a model; ``scripted:demo`` is the only script."""
+    """Deterministic stand-in for a model; ``scripted:demo`` is the only script.
 
-    async def complete(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
+    With an ``output_schema`` its final answer is JSON matching the schema: strings hold the summary it
+    would have written, numbers the count of tool results, booleans true, arrays their fewest items.
+    """
+
+    async def complete(
+        self,
+        model: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        output_schema: dict[str, Any] | None = None,
+    ) -> ProviderReply:
+        reply = self._reply(model, messages, tools)
+        if output_schema is None or reply.tool_calls:
+            return reply
+        results = sum(1 for m in messages if m.role == "tool")
+        value = _instance(output_schema, output_schema, reply.text, results, 0)
+        return reply.model_copy(update={"text": json.dumps(value, ensure_ascii=False)})
+
+    def _reply(self, model: str, messages: list[Message], tools: list[dict[str, Any]]) -> ProviderReply:
         if model != "demo":
             raise FatalProviderError(f"scripted: unknown script {model!r} (available: demo)", status=404)
         task = next((m.content for m in messages if m.role == "user"), "")
@@ -196,6 +215,46 @@ class ScriptedProvider:
         if len(lines) == 1:
             lines.append("- no tools were needed")
         return "\n".join(lines)
+
+
+def _instance(schema: Any, root: dict[str, Any], text: str, count: int, depth: int) -> Any:
+    """A value of ``schema`` (local ``$ref``s resolved in ``root``) made of the demo's answer ``text`` and ``count``."""
+    if not isinstance(schema, dict) or depth > 16:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return _instance(target, root, text, count, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return _instance(schema[key][0], root, text, count, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        assert isinstance(properties, dict)
+        required = schema.get("required") if isinstance(schema.get("required"), list) else list(properties)
+        assert isinstance(required, list)
+        return {str(name): _instance(properties.get(name, {}), root, text, count, depth + 1) for name in required}
+    if kind == "array":
+        fewest = schema.get("minItems", 0)
+        return [_instance(schema.get("items", {}), root, text, count, depth + 1) for _ in range(int(fewest))]
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum", count), schema.get("maximum", count)
+        return min(max(count, low), high)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    longest = schema.get("maxLength")
+    return text[: int(longest)] if isinstance(longest, int) else text
 
 
 @provider("scripted")

@@ -38,6 +38,7 @@ RESERVED_NAMES = frozenset(
         "mcp_release",
         "fork_prepare",
         "tree_run_reserve",
+        "final_output",  # the forced answer tool of structured output (activities.models.structured)
     }
 )
 RESERVED_PREFIX = MCP_PREFIX  # the tools of the operator's MCP servers

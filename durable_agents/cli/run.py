@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 import uuid
 from pathlib import Path
@@ -51,6 +52,7 @@ from durable_agents.cli.watch import ASKING, POLL_COOLDOWN, EventPrinter, events
 from workflows.agent import AgentWorkflow
 from workflows.progress import MODEL, ProgressEvent
 from workflows.run_failure import result_of_failure
+from workflows.typed_output import MAX_OUTPUT_SCHEMA_BYTES
 from workflows.types import AgentInput, AgentResult, Limits, StatusView
 
 DRAIN_S = 5.0  # after the result: how long the progress stream may take to deliver its last events
@@ -75,6 +77,12 @@ def add_command(sub: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--tools", type=name_list, help="comma-separated tool names (default: all)")
     run.add_argument("--tenant", default="", help="tenant label for the run")
     run.add_argument("--user", default="", help="the tenant's user the run acts for")
+    run.add_argument(
+        "--output-schema",
+        dest="output_schema_file",
+        metavar="FILE",
+        help="JSON Schema file the final answer must match (a typed result: output_json)",
+    )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--wait", action="store_true", help="wait for the result")
     mode.add_argument("--follow", action="store_true", help="show progress until the run ends")
@@ -157,11 +165,29 @@ def run_input(args: argparse.Namespace) -> AgentInput:
             user=args.user,
             approvers=args.approvers,
             policy=load_run_policy(args.policy_file),
+            output_schema=load_output_schema(getattr(args, "output_schema_file", None)),
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"]) or "input"
         raise CliError(f"invalid run input: {where}: {first['msg']}", code=EXIT_USAGE) from None
+
+
+def load_output_schema(path: str | None) -> dict[str, Any] | None:
+    """The ``--output-schema`` file as the run's ``output_schema``; a bad file is a usage error."""
+    if not path:
+        return None
+    try:
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_OUTPUT_SCHEMA_BYTES * 4 + 1)  # room for indentation; the input bounds the rest
+        raw = json.loads(data)
+    except OSError as exc:
+        raise CliError(f"--output-schema {path}: {exc.strerror or exc}", code=EXIT_USAGE) from None
+    except ValueError as exc:
+        raise CliError(f"--output-schema {path}: not valid JSON: {exc}", code=EXIT_USAGE) from None
+    if not isinstance(raw, dict):
+        raise CliError(f"--output-schema {path}: expected a JSON Schema object", code=EXIT_USAGE)
+    return raw
 
 
 def read_task(args: argparse.Namespace) -> str:
