@@ -38,7 +38,7 @@ from examples.custom_tool.inventory_tools import (
     reserve_stock,
     stock_lookup,
 )
-from examples.embed.workflows import Report, ReportInput, ReportWorkflow
+from examples.embed.workflows import Findings, Report, ReportInput, ReportWorkflow
 from tests.fakes.worker_proc import ROOT, WorkerProc, free_port, wait_until
 from tests.test_e2e_cli import Cli
 from workflows.types import AgentResult, Message, ToolInvocation
@@ -168,7 +168,7 @@ async def test_embedded_plugin_runs_agent_as_child_workflow(dev_env: WorkflowEnv
     async with Worker(client, task_queue=task_queue, workflows=[ReportWorkflow]):
         report = await client.execute_workflow(
             ReportWorkflow.run,
-            ReportInput(topic="the weather", tools=[]),
+            ReportInput(topic="the weather", tools=[], typed=True),
             id=parent_id,
             task_queue=task_queue,
             execution_timeout=timedelta(seconds=60),
@@ -181,8 +181,11 @@ async def test_embedded_plugin_runs_agent_as_child_workflow(dev_env: WorkflowEnv
     assert isinstance(report, Report)
     assert report.agent_workflow_id == f"{parent_id}-agent"
     assert agent.status == "completed" and report.status == "completed"
-    assert "no tools were needed" in agent.output  # scripted:demo's answer when it is offered no tools
-    assert report.text == f"Report on the weather:\n{agent.output}"
+    # A typed result: scripted:demo answers Findings' schema with JSON made of its usual answer.
+    assert report.findings is not None and agent.output_as(Findings) == report.findings
+    assert "no tools were needed" in report.findings.summary  # scripted:demo's answer when offered no tools
+    assert report.findings.sources == 0
+    assert report.text == f"Report on the weather:\n{report.findings.summary}"
     assert report.steps == agent.steps == 1 and report.total_tokens == agent.usage.total_tokens > 0
     assert description.workflow_type == "AgentWorkflow" and description.parent_id == parent_id
     completed = [

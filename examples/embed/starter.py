@@ -1,6 +1,6 @@
 """Run ``ReportWorkflow`` once and print its report as JSON.
 
-    .venv/bin/python -m examples.embed.starter "the stock of A-1001" [--id ID] [--tools a,b]
+    .venv/bin/python -m examples.embed.starter "the stock of A-1001" [--id ID] [--tools a,b] [--typed]
 
 ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE`` and ``EMBED_TASK_QUEUE`` (default ``my-app``)
 say where the worker of ``examples.embed.worker`` listens.
@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--id", default="", help="workflow id (default: report-<random>)")
     parser.add_argument("--tools", default=None, help="comma-separated tool names (default: all; '' for none)")
     parser.add_argument("--timeout", type=int, default=600, help="the agent's time limit in seconds")
+    parser.add_argument("--typed", action="store_true", help="ask the agent for typed findings (JSON)")
     return parser.parse_args(argv)
 
 
@@ -39,7 +40,7 @@ async def main(argv: list[str] | None = None) -> None:
         settings.temporal.address, namespace=settings.temporal.namespace, data_converter=pydantic_data_converter
     )
     tools = None if args.tools is None else [t.strip() for t in args.tools.split(",") if t.strip()]
-    params = ReportInput(topic=args.topic, tools=tools, timeout_s=args.timeout)
+    params = ReportInput(topic=args.topic, tools=tools, timeout_s=args.timeout, typed=args.typed)
     report = await client.execute_workflow(
         ReportWorkflow.run,
         params,

@@ -25,6 +25,14 @@ class ReportInput(BaseModel):
     tools: list[str] | None = None  # None: every tool the worker offers; []: none
     model: str = ""  # empty: the worker's AGENT_MODEL
     timeout_s: int = Field(default=600, ge=1)  # the agent's own time limit
+    typed: bool = False  # ask the agent for ``Findings`` (a typed result) instead of free text
+
+
+class Findings(BaseModel):
+    """What a typed run answers: the agent's final answer must be JSON of this shape."""
+
+    summary: str  # the report itself, at most three lines
+    sources: int = Field(ge=0)  # how many tool results it is based on
 
 
 class Report(BaseModel):
@@ -34,6 +42,7 @@ class Report(BaseModel):
     text: str
     steps: int
     total_tokens: int
+    findings: Findings | None = None  # with ``typed``: the agent's answer, parsed and validated
 
 
 @workflow.defn
@@ -41,24 +50,28 @@ class ReportWorkflow:
     @workflow.run
     async def run(self, params: ReportInput) -> Report:
         agent_id = f"{workflow.info().workflow_id}-agent"
+        task = AgentInput(
+            task=f"Write a three-line report on {params.topic}",
+            model=params.model,
+            tools=params.tools,
+            limits=Limits(timeout_s=params.timeout_s),
+        )
         result = await workflow.execute_child_workflow(
             "AgentWorkflow",
-            AgentInput(
-                task=f"Write a three-line report on {params.topic}",
-                model=params.model,
-                tools=params.tools,
-                limits=Limits(timeout_s=params.timeout_s),
-            ),
+            # A typed result: the answer must validate against Findings' JSON Schema, or the model is asked again.
+            task.with_output(Findings) if params.typed else task,
             id=agent_id,
             task_queue=workflow.info().task_queue,
             result_type=AgentResult,
             execution_timeout=timedelta(seconds=params.timeout_s + BACKSTOP_S),
         )
+        findings = result.output_as(Findings) if params.typed and result.status == "completed" else None
         return Report(
             topic=params.topic,
             agent_workflow_id=agent_id,
             status=result.status,
-            text=f"Report on {params.topic}:\n{result.output}",
+            text=f"Report on {params.topic}:\n{findings.summary if findings else result.output}",
+            findings=findings,
             steps=result.steps,
             total_tokens=result.usage.total_tokens,
         )
