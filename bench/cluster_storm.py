@@ -47,10 +47,9 @@ from activities.store import open_store
 from bench.kill_storm import storm_parser
 from bench.report import write_results
 from bench.scale.common import pct
-from scripts.cluster import Cluster, tail_of
-from tests.fakes.dedupe_server import DedupeServer
-from tests.fakes.llm_server import FakeLLMServer
-from tests.fakes.worker_proc import (
+from durable_agents.testing._dedupe_server import DedupeServer
+from durable_agents.testing._llm_server import FakeLLMServer
+from durable_agents.testing._worker_proc import (
     Kill,
     ModelGate,
     cluster_worker_env,
@@ -59,6 +58,7 @@ from tests.fakes.worker_proc import (
     recovery_times,
     write_policy,
 )
+from scripts.cluster import Cluster, tail_of
 from workflows.types import AgentInput, AgentResult, Limits
 
 RESULTS = Path(__file__).parent / "results" / "cluster_storm.json"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_results
-from tests.fakes.worker_proc import DevServer, kill_storm
+from durable_agents.testing._worker_proc import DevServer, kill_storm
 
 RESULTS = Path(__file__).parent / "results" / "kill_storm.json"
 

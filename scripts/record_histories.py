@@ -36,10 +36,10 @@ from temporalio.testing import WorkflowEnvironment
 from activities.crypto.codec import encrypted_converter
 from activities.runtime import Runtime
 from activities.settings import EncryptionSettings, ProviderEndpoint, Settings
-from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
-from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
+from durable_agents.testing._crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
+from durable_agents.testing._http_sink import HttpSink
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
+from durable_agents.testing._scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL

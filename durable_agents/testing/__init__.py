@@ -1,0 +1,1 @@
+"""A test kit for agent authors."""
