@@ -5,7 +5,7 @@
 Starts a ``scripts.cluster.Cluster`` in a temporary directory: a Temporal dev
 server, a real PostgreSQL run store and ``--workers`` ``worker.py`` processes
 that share only those two. One fake model server per worker and a destination
-that dedupes by ``Idempotency-Key`` (``tests/fakes/dedupe_server.py``); an
+that dedupes by ``Idempotency-Key`` (``durable_agents/testing/_dedupe_server.py``); an
 operator policy allows ``http_request``. ``--runs`` runs each POST ``--posts``
 orders. Every 2-3 s one worker is SIGKILLed (preferably with a POST on the
 wire, chosen as ``bench.kill_storm`` chooses) and restarted, ``--kills`` times;
@@ -47,10 +47,9 @@ from activities.store import open_store
 from bench.kill_storm import storm_parser
 from bench.report import write_results
 from bench.scale.common import pct
-from scripts.cluster import Cluster, tail_of
-from tests.fakes.dedupe_server import DedupeServer
-from tests.fakes.llm_server import FakeLLMServer
-from tests.fakes.worker_proc import (
+from durable_agents.testing._dedupe_server import DedupeServer
+from durable_agents.testing._llm_server import FakeLLMServer
+from durable_agents.testing._worker_proc import (
     Kill,
     ModelGate,
     cluster_worker_env,
@@ -59,6 +58,7 @@ from tests.fakes.worker_proc import (
     recovery_times,
     write_policy,
 )
+from scripts.cluster import Cluster, tail_of
 from workflows.types import AgentInput, AgentResult, Limits
 
 RESULTS = Path(__file__).parent / "results" / "cluster_storm.json"
@@ -226,7 +226,7 @@ async def storm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     applied_per_key = Counter(e.key for e in effects)
     per_order = Counter(f"{e.json()['run']}#{e.json()['item']}" for e in effects)
     expected = args.runs * args.posts
-    # Recovery as bench.kill_storm (tests/fakes/worker_proc.kill_storm) defines it.
+    # Recovery as bench.kill_storm (durable_agents/testing/_worker_proc.kill_storm) defines it.
     recovery, model_recovery = recovery_times(killed, writes, gates)
     postgres: dict[str, Any] = {"down_s_requested": args.pg_down}
     if outage:

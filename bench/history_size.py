@@ -29,8 +29,8 @@ from temporalio.testing import WorkflowEnvironment
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
 from bench.scale.common import histories as run_histories
-from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.history_payloads import payloads
+from durable_agents.testing._history_payloads import payloads
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, Limits

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.kill_storm --runs 100 --kills 12
 
 Starts its own Temporal dev server, a destination that dedupes by
-``Idempotency-Key`` (``tests/fakes/dedupe_server.py``) and one fake model server
+``Idempotency-Key`` (``durable_agents/testing/_dedupe_server.py``) and one fake model server
 per worker slot. ``--runs`` runs each POST ``--posts`` orders through
 ``http_request``; ``--workers`` ``worker.py`` processes share one SQLite run
 store; every 2-3 s one of them is SIGKILLed (preferably while it has a POST on
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_results
-from tests.fakes.worker_proc import DevServer, kill_storm
+from durable_agents.testing._worker_proc import DevServer, kill_storm
 
 RESULTS = Path(__file__).parent / "results" / "kill_storm.json"
 

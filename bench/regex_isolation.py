@@ -36,8 +36,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint, Settings
-from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
+from durable_agents.testing._http_sink import HttpSink
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.patterns import Pattern

@@ -48,7 +48,7 @@ from activities.runtime import Runtime
 from activities.settings import ExtensionSettings, ProviderEndpoint, Settings
 from bench.report import write_results
 from durable_agents.api.tokens import digest
-from tests.fakes.llm_server import OPENAI_PATH, FakeLLMServer, Scripted
+from durable_agents.testing._llm_server import OPENAI_PATH, FakeLLMServer, Scripted
 from worker import build_worker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,7 +32,7 @@ from activities.sandbox.local import quota
 from activities.settings import ProviderEndpoint, Settings
 from durable_agents import logs
 from durable_agents.cli.transcript import executions, read_transcript
-from tests.fakes.llm_server import FakeLLMServer, Scripted
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec

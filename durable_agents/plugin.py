@@ -70,6 +70,8 @@ from workflows.agent import AgentWorkflow
 from workflows.scheduled_message import ScheduledMessageWorkflow
 
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
+# The workflows the plugin adds to a worker (and that ``durable_agents.testing.replay`` replays by default).
+WORKFLOWS: tuple[type, ...] = (AgentWorkflow, ScheduledMessageWorkflow)
 WORKFLOW_MODULE = AgentWorkflow.__module__
 log = structlog.get_logger("plugin")
 # Libraries of ours an application's workflow module may import at its top (to configure the agents' logs)
@@ -181,7 +183,7 @@ class DurableAgentsPlugin(SimplePlugin):
         super().__init__(
             PLUGIN_NAME,
             data_converter=self._data_converter,
-            workflows=[AgentWorkflow, ScheduledMessageWorkflow],
+            workflows=list(WORKFLOWS),
             activities=all_activities(self.runtime),
             workflow_runner=share_workflow_module,
         )

@@ -38,7 +38,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from activities.settings import Settings
+from durable_agents.testing._ports import free_port as free_port
+from durable_agents.testing._ports import port_open as port_open
 from workflows.progress import SEARCH_ATTRIBUTES as RUN_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,20 +72,6 @@ class ClusterError(RuntimeError):
 
 
 # --- processes ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.3):
-            return True
-    except OSError:
-        return False
 
 
 def start_ticks(pid: int) -> int | None:

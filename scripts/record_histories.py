@@ -3,7 +3,7 @@
     .venv/bin/python -m scripts.record_histories            # every scenario
     .venv/bin/python -m scripts.record_histories approvals  # one
 
-``encrypted_*`` scenarios run with the test-only key ring ``tests.crypto_keys.TEST_ONLY_PAYLOAD_KEYS``
+``encrypted_*`` scenarios run with the test-only key ring ``durable_agents.testing._crypto_keys.TEST_ONLY_PAYLOAD_KEYS``
 (payloads and run store encrypted); ``tests/test_replay.py`` replays them with it.
 
 Run it when you add a scenario, never to "fix" a failing replay: a replay
@@ -36,10 +36,10 @@ from temporalio.testing import WorkflowEnvironment
 from activities.crypto.codec import encrypted_converter
 from activities.runtime import Runtime
 from activities.settings import EncryptionSettings, ProviderEndpoint, Settings
-from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
-from tests.fakes.http_sink import HttpSink
-from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
+from durable_agents.testing._crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
+from durable_agents.testing._http_sink import HttpSink
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
+from durable_agents.testing._scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.progress import PUBLISH_SIGNAL
@@ -190,7 +190,7 @@ async def session_continued(client: Client, tq: str, llm: FakeLLMServer, sink: H
     return client.get_workflow_handle_for(AgentWorkflow.run, wid, run_id=last_run)
 
 
-# Scenarios recorded here only (tests/scenarios.py holds the ones tests also run).
+# Scenarios recorded here only (durable_agents/testing/_scenarios.py holds the ones tests also run).
 RECORDED: dict[str, Scenario] = {
     **SCENARIOS,
     "junk_signals": junk_signals,

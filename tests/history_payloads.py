@@ -1,26 +1,6 @@
-"""Walk a Temporal history for its payloads (used by the history-size test and benchmark)."""
+"""``durable_agents.testing._history_payloads`` under the tests' old import path.
 
-from __future__ import annotations
+The module moved into the package, where bench/ and scripts/ import it too.
+"""
 
-from collections.abc import Iterator
-
-from google.protobuf.message import Message as ProtoMessage
-from temporalio.api.common.v1 import Payload
-
-
-def payloads(message: ProtoMessage) -> Iterator[Payload]:
-    """Every ``Payload`` anywhere inside ``message`` (inputs, results, markers, failures, memos...)."""
-    if isinstance(message, Payload):
-        yield message
-        return
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        if isinstance(value, ProtoMessage):
-            items = [value]
-        elif field.message_type.GetOptions().map_entry:
-            items = [v for v in value.values() if isinstance(v, ProtoMessage)]
-        else:  # a repeated field
-            items = list(value)
-        for item in items:
-            yield from payloads(item)
+from durable_agents.testing._history_payloads import *  # noqa: F403

@@ -29,8 +29,8 @@ from activities.settings import WorkerSettings
 from bench.scale.common import dev_server, histories, history_stats, machine, median, pct, queue
 from bench.scale.waiting import rss_kb
 from durable_agents.search_attributes import ensure_search_attributes
-from tests.fakes.llm_server import FakeLLMServer, Scripted
-from tests.fakes.worker_proc import WorkerProc, worker_env
+from durable_agents.testing._llm_server import FakeLLMServer, Scripted
+from durable_agents.testing._worker_proc import WorkerProc, worker_env
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
 from workflows.types import AgentInput, StatusView
 

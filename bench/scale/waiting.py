@@ -18,7 +18,7 @@ from activities.settings import WorkerSettings
 from bench.fixtures_scale import EFFECT_TOOL, EFFECTS_LOG
 from bench.scale.common import dev_server, histories, history_stats, machine, median, pct, queue
 from durable_agents.search_attributes import ensure_search_attributes
-from tests.fakes.worker_proc import WorkerProc, worker_env
+from durable_agents.testing._worker_proc import WorkerProc, worker_env
 from workflows.identity import approval_id
 from workflows.types import AgentInput, DecideRequest, DecideResult, Limits, StatusView
 

@@ -1,0 +1,1 @@
+"""A user's own tools, tested with ``durable_agents.testing`` (``test_my_tool.py``)."""
