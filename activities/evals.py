@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.models.base import FatalProviderError, RetryableProviderError, complete_capped
@@ -51,7 +52,7 @@ from workflows.eval_types import (
 )
 from workflows.inputs import safe
 from workflows.patterns import MAX_MATCHED_BYTES, Pattern, PatternError
-from workflows.types import Message
+from workflows.types import MAX_NAME_CHARS, Message
 
 MAX_TRANSCRIPT_ENTRIES = 10_000  # read for the tool calls of one run
 MAX_JUDGE_TRANSCRIPT_CHARS = 24_000  # of the transcript the judge reads (its start and its end)
@@ -360,11 +361,9 @@ class EvalActivities:
         """The run's wall time: its first execution's start to its latest's close (0 when unknown)."""
         client = activity.client()
         first = await client.get_workflow_handle(workflow_id, run_id=run_id or None).describe()
-        last = (
-            first
-            if first.close_time is None or not run_id
-            else await client.get_workflow_handle(workflow_id).describe()
-        )
+        last = first
+        if first.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:  # the chain ended in a later run
+            last = await client.get_workflow_handle(workflow_id).describe()
         if first.start_time is None or last.close_time is None:
             return 0.0
         return round(max(0.0, (last.close_time - first.start_time).total_seconds()), 3)
@@ -374,7 +373,9 @@ class EvalActivities:
     async def eval_score(self, req: ScoreRequest) -> ScoreResult:
         calls = tool_calls(await self._messages(req.workflow_id, req.run_id))
         seconds = await self._seconds(req.workflow_id, req.run_id)
-        return ScoreResult(checks=score(req, calls, seconds), seconds=seconds, tools=[c.name for c in calls][:200])
+        return ScoreResult(
+            checks=score(req, calls, seconds), seconds=seconds, tools=[c.name[:MAX_NAME_CHARS] for c in calls][:200]
+        )
 
     @activity.defn(name=EVAL_JUDGE_ACTIVITY)
     @store_guarded

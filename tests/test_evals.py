@@ -244,7 +244,9 @@ async def test_killing_the_worker_halfway_finishes_without_running_finished_case
         first.kill()
         command.send_signal(signal.SIGINT)  # the command goes; the eval goes on
         _, stderr = command.communicate(timeout=60)
-        assert command.returncode == 130 and "attach again with: starter.py eval" in stderr, stderr
+        assert command.returncode == 130 and "attach again with: " in stderr, stderr
+        assert f"starter.py eval {cases} --concurrency" not in stderr  # what the eval's id depends on only
+        assert f"starter.py eval {cases}" in stderr, stderr
         second = WorkerProc(env, tmp_path / "worker-2.log")
         await second.async_wait_ready()
         gate.touch()

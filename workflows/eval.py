@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -203,9 +203,7 @@ class EvalWorkflow:
             if failed is None:
                 return self._errored(row, f"the run failed as a workflow: {_cause(err)}")
             result = failed
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # the child could not be started (its id is taken by a running workflow)
+        except WorkflowAlreadyStartedError as err:  # its id is taken by a workflow that still runs
             return self._errored(row, f"the run could not be started: {_cause(err)}")
         row.status, row.steps, row.cost_usd = result.status, result.steps, _cost(result.usage)
         row.output = result.output[:MAX_OUTPUT_CHARS]
