@@ -4,8 +4,9 @@ On a client it sets the pydantic data converter (with ``AGENT_PAYLOAD_KEYS``, al
 AES-256-GCM payload codec, ``activities.crypto.codec``); on a worker (built with that
 client, or given the plugin itself) it adds ``AgentWorkflow`` and every activity
 the workflow schedules (and ``ScheduledMessageWorkflow``, what a session schedule starts,
-with its activity), all bound to one :class:`~activities.runtime.Runtime` (settings, run
-store, tool and provider registries, prices, policy, sandboxes).
+with its activity; ``EvalWorkflow``, what ``starter.py eval`` starts, with its two), all
+bound to one :class:`~activities.runtime.Runtime` (settings, run store, tool and provider
+registries, prices, policy, sandboxes).
 While a worker runs, the plugin also registers the ``Agent*`` search attributes
 where it may, reaps sandboxes of ended runs every ``AGENT_REAP_INTERVAL_S`` and,
 with ``AGENT_HEALTH_PORT``, serves ``/healthz`` and ``/readyz`` (``durable_agents.health``).
@@ -49,6 +50,7 @@ from activities.approvals import ApprovalActivities
 from activities.checkpoints.fork import ForkActivities
 from activities.crypto.codec import encrypted_converter
 from activities.delegation import DelegationActivities
+from activities.evals import EvalActivities
 from activities.mcp.activity import McpActivities
 from activities.mcp.catalog import SnapshotCache
 from activities.memory.recall import MemoryRecallActivities
@@ -67,11 +69,12 @@ from durable_agents.health import HealthServer, WorkerHealth
 from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
 from workflows.agent import AgentWorkflow
+from workflows.eval import EvalWorkflow
 from workflows.scheduled_message import ScheduledMessageWorkflow
 
 PLUGIN_NAME = "durable_agents.DurableAgentsPlugin"
 # The workflows the plugin adds to a worker (and that ``durable_agents.testing.replay`` replays by default).
-WORKFLOWS: tuple[type, ...] = (AgentWorkflow, ScheduledMessageWorkflow)
+WORKFLOWS: tuple[type, ...] = (AgentWorkflow, ScheduledMessageWorkflow, EvalWorkflow)
 WORKFLOW_MODULE = AgentWorkflow.__module__
 log = structlog.get_logger("plugin")
 # Libraries of ours an application's workflow module may import at its top (to configure the agents' logs)
@@ -113,13 +116,15 @@ def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
     """Every activity ``AgentWorkflow`` schedules (run config, model, transcript, sandbox, one per tool) and
-    ``ScheduledMessageWorkflow``'s ``scheduled_message_send``."""
+    ``ScheduledMessageWorkflow``'s ``scheduled_message_send``, and ``EvalWorkflow``'s ``eval_score`` and
+    ``eval_judge``."""
     snapshots = SnapshotCache()  # run_config's MCP snapshots, read by the run's model turns
     model = ModelActivities(runtime, snapshots)
     sandbox = SandboxActivities(runtime.sandbox_backend)
     transcript = TranscriptActivities(runtime)
     mcp = McpActivities(runtime)
     approvals = ApprovalActivities(runtime.settings, runtime.tools)
+    evals = EvalActivities(runtime)
     return [
         RunConfigActivities(runtime, snapshots).run_config,
         approvals.verify_decision,
@@ -137,6 +142,8 @@ def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
         TenantQuotaActivities(runtime).tenant_run_release,
         MemoryRecallActivities(runtime).memory_recall,
         ScheduledMessageActivities().scheduled_message_send,
+        evals.eval_score,
+        evals.eval_judge,
         *tool_activities(runtime),
     ]
 

@@ -42,6 +42,15 @@ from durable_agents.testing._llm_server import FakeLLMServer, Scripted
 from durable_agents.testing._scenarios import SCENARIOS, SETTINGS, Handle, Scenario, approvals, pending_view
 from worker import build_worker
 from workflows.agent import AgentWorkflow
+from workflows.eval_types import (
+    EVAL_WORKFLOW,
+    EvalCase,
+    EvalChecks,
+    EvalInput,
+    EvalReport,
+    JudgeSpec,
+    ToolExpectation,
+)
 from workflows.progress import PUBLISH_SIGNAL
 from workflows.session_types import CloseSignal, SendResult, SessionMessage, SessionSpec
 from workflows.types import AgentInput, ApproveSignal, StatusView, SubagentDef
@@ -123,6 +132,48 @@ async def subagents(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink,
     return handle
 
 
+async def eval_scenario(client: Client, tq: str, llm: FakeLLMServer, sink: HttpSink, wid: str) -> Handle:
+    """An ``EvalWorkflow`` of two cases run at once: one whose POST asks for approval (decided by the case
+    through the child's ``child_approvals`` report) and is graded by a judge, one scored by its checks alone."""
+
+    def reply(body: dict[str, Any]) -> Scripted:
+        messages = body["messages"]
+        first = next((str(m["content"]) for m in messages if m["role"] == "user"), "")
+        if first.startswith("Rubric:"):
+            return Scripted(text='{"pass": true, "score": 1, "reason": "it posted"}')
+        if "POST" in first and not any(m["role"] == "tool" for m in messages):
+            args = {"method": "POST", "url": f"{sink.url}/orders", "json": {"n": 1}}
+            return Scripted(tool_calls=[("http_request", json.dumps(args))])
+        return Scripted(text="the answer is 42")
+
+    llm.default = reply
+    posted = ToolExpectation(name="http_request", args={"method": "POST"})
+    inp = EvalInput(
+        dataset="recorded.jsonl",
+        cases=[
+            EvalCase(
+                name="post",
+                input=AgentInput(task="POST an order", tools=["http_request"]),
+                checks=EvalChecks(
+                    tools_called=[posted], judge=JudgeSpec(model="openai:test-model", rubric="It must post.")
+                ),
+                approve="all",
+            ),
+            EvalCase(
+                name="answer",
+                input=AgentInput(task="what is six times seven?", tools=[]),
+                checks=EvalChecks(output_matches="42", max_steps=1),
+            ),
+        ],
+        concurrency=2,
+    )
+    handle = await client.start_workflow(EVAL_WORKFLOW, inp, id=wid, task_queue=tq, result_type=EvalReport)
+    report = await handle.result()
+    assert all(row.passed for row in report.results), report
+    # A scenario returns a handle only for its history: the eval's, by its workflow id.
+    return client.get_workflow_handle_for(AgentWorkflow.run, wid)
+
+
 # Scenarios recorded on a server that suggests continue-as-new after this many events.
 CAN_AFTER_EVENTS = 90  # message 3 is answered by event 75 or so
 SUGGEST_CONTINUE_AS_NEW = {"session": CAN_AFTER_EVENTS, "session_continued": CAN_AFTER_EVENTS}
@@ -201,6 +252,7 @@ RECORDED: dict[str, Scenario] = {
     "encrypted_approvals": approvals,  # with the test-only key ring
     "session": session,
     "session_continued": session_continued,
+    "eval": eval_scenario,
 }
 
 

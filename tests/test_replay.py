@@ -25,6 +25,7 @@ from tests.conftest import WorkerFactory, replay_task_queue, start_agent
 from tests.crypto_keys import TEST_ONLY_PAYLOAD_KEYS, ring
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow, RunInput
+from workflows.eval import EvalWorkflow
 from workflows.inputs import NO_PAYLOAD, one_payload
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
 
@@ -54,12 +55,13 @@ def test_there_are_recorded_histories() -> None:
         "legacy_policy",
         "session",
         "session_continued",
+        "eval",
     }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_recorded_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=converter_for(path))
+    replayer = Replayer(workflows=[AgentWorkflow, EvalWorkflow], data_converter=converter_for(path))
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=True)
     assert result.replay_failure is None
 

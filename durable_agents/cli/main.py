@@ -78,6 +78,8 @@ from durable_agents.cli.common import (
     raise_if_cancelled,
     temporal_lost,
 )
+from durable_agents.cli.eval import add_command as add_eval_command
+from durable_agents.cli.eval import cmd_eval, prepare_eval
 from durable_agents.cli.forget import add_command as add_forget_command
 from durable_agents.cli.forget import cmd_forget
 from durable_agents.cli.fork import add_fork_command, add_rewind_command, cmd_fork, cmd_rewind
@@ -133,8 +135,11 @@ COMMANDS: dict[str, Command] = {
     "chat": cmd_chat,
     "forget": cmd_forget,
     "schedule": schedule.cmd_schedule,
+    "eval": cmd_eval,
     "serve": cmd_serve,
 }
+# Commands that check their input files before connecting: a bad input is exit 2 even with no Temporal server.
+PREPARE: dict[str, Callable[[argparse.Namespace, Settings], None]] = {"eval": prepare_eval}
 # Commands that need no Temporal server: their arguments and the settings → the exit code.
 LocalCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 LOCAL_COMMANDS: dict[str, LocalCommand] = {
@@ -171,6 +176,7 @@ def build_parser(prog: str = "starter.py") -> argparse.ArgumentParser:
     add_chat_command(sub)
     add_forget_command(sub)
     schedule.add_command(sub)
+    add_eval_command(sub)
     add_tools_command(sub)
     add_memory_command(sub)
     add_codec_command(sub)
@@ -190,6 +196,8 @@ async def main(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -
         plugins = _tracing(settings)
         if args.command in LOCAL_COMMANDS:
             return await LOCAL_COMMANDS[args.command](args, settings)
+        if args.command in PREPARE:
+            PREPARE[args.command](args, settings)
         client = await connect(
             settings.temporal,
             plugins=plugins,
