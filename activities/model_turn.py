@@ -64,17 +64,20 @@ class ModelActivities:
         self._snapshots = snapshots if snapshots is not None else mcp_catalog.SnapshotCache()
         self._schemas: dict[str, dict[str, Any]] = {}
 
+    async def _blob(self, digest: str, what: str) -> bytes:
+        """A blob the run's history names by digest; ``SnapshotMissing`` when the run store lost it."""
+        data = await self._rt.store.get_blob(digest)
+        if data is None:
+            raise ApplicationError(f"the run's {what} {digest} is not in the run store", type="SnapshotMissing")
+        return data
+
     async def _output_schema(self, digest: str) -> dict[str, Any] | None:
         """The run's output schema (``RunConfig.output_schema_ref``), or None when it has none."""
         if not digest:
             return None
         schema = self._schemas.get(digest)
         if schema is None:
-            data = await self._rt.store.get_blob(digest)
-            if data is None:
-                raise ApplicationError(
-                    f"the run's output schema {digest} is not in the run store", type="SnapshotMissing"
-                )
+            data = await self._blob(digest, "output schema")
             schema = json.loads(data)
             if len(self._schemas) >= SCHEMAS_CACHED:
                 self._schemas.pop(next(iter(self._schemas)))
@@ -87,11 +90,7 @@ class ModelActivities:
             return {}
         tools = self._snapshots.get(digest)
         if tools is None:
-            data = await self._rt.store.get_blob(digest)
-            if data is None:
-                raise ApplicationError(
-                    f"the run's MCP tool snapshot {digest} is not in the run store", type="SnapshotMissing"
-                )
+            data = await self._blob(digest, "MCP tool snapshot")
             tools = self._snapshots.remember(digest, mcp_catalog.McpSnapshot.model_validate_json(data))
         return tools
 

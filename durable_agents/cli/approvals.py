@@ -122,18 +122,26 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--policy", dest="policy_file", metavar="FILE", help="JSON run policy; it can only tighten")
 
 
+def json_object_file(flag: str, path: str, expected: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """The JSON object in the file a flag names; unreadable, not JSON or not an object is a usage error."""
+    try:
+        with Path(path).open("rb") as file:
+            data = file.read() if max_bytes is None else file.read(max_bytes + 1)
+        raw = json.loads(data)
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: {exc.strerror or exc}", code=EXIT_USAGE) from None
+    except ValueError as exc:
+        raise CliError(f"{flag} {path}: not valid JSON: {exc}", code=EXIT_USAGE) from None
+    if not isinstance(raw, dict):
+        raise CliError(f"{flag} {path}: expected {expected}", code=EXIT_USAGE)
+    return raw
+
+
 def load_run_policy(path: str | None) -> dict[str, Any]:
     """The run policy file as the workflow input's ``policy`` object; a bad file is a usage error."""
     if not path:
         return {}
-    try:
-        raw = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise CliError(f"--policy {path}: {exc.strerror or exc}", code=EXIT_USAGE) from None
-    except ValueError as exc:
-        raise CliError(f"--policy {path}: not valid JSON: {exc}", code=EXIT_USAGE) from None
-    if not isinstance(raw, dict):
-        raise CliError(f"--policy {path}: expected a JSON object with 'rules'", code=EXIT_USAGE)
+    raw = json_object_file("--policy", path, "a JSON object with 'rules'")
     try:
         parse_run_policy(raw)
     except ValidationError as exc:

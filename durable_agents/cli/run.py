@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import uuid
 from pathlib import Path
@@ -27,7 +26,7 @@ from durable_agents.agent_client._errors import AgentClientError
 from durable_agents.agent_client._starting import start_agent_run as _start_agent_run
 from durable_agents.agent_client._starting import static_details as static_details
 from durable_agents.agent_client._starting import static_summary as static_summary
-from durable_agents.cli.approvals import add_run_options, load_run_policy
+from durable_agents.cli.approvals import add_run_options, json_object_file, load_run_policy
 from durable_agents.cli.common import (
     EXIT_USAGE,
     QUERY_TIMEOUT,
@@ -177,17 +176,8 @@ def load_output_schema(path: str | None) -> dict[str, Any] | None:
     """The ``--output-schema`` file as the run's ``output_schema``; a bad file is a usage error."""
     if not path:
         return None
-    try:
-        with Path(path).open("rb") as file:
-            data = file.read(MAX_OUTPUT_SCHEMA_BYTES * 4 + 1)  # room for indentation; the input bounds the rest
-        raw = json.loads(data)
-    except OSError as exc:
-        raise CliError(f"--output-schema {path}: {exc.strerror or exc}", code=EXIT_USAGE) from None
-    except ValueError as exc:
-        raise CliError(f"--output-schema {path}: not valid JSON: {exc}", code=EXIT_USAGE) from None
-    if not isinstance(raw, dict):
-        raise CliError(f"--output-schema {path}: expected a JSON Schema object", code=EXIT_USAGE)
-    return raw
+    # Room for indentation; the run input's own bound decides the rest.
+    return json_object_file("--output-schema", path, "a JSON Schema object", max_bytes=MAX_OUTPUT_SCHEMA_BYTES * 4)
 
 
 def read_task(args: argparse.Namespace) -> str:
