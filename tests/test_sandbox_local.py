@@ -20,6 +20,7 @@ import pytest
 from activities.sandbox.base import SandboxError, SandboxMissing, SandboxUnavailable
 from activities.sandbox.factory import backend_for
 from activities.sandbox.local import backend as local
+from activities.sandbox.local import processes
 from activities.sandbox.local import seccomp
 from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.sandbox.reaper import reap
@@ -184,6 +185,23 @@ async def test_kill_removes_workspace_and_running_commands(backend: LocalSandbox
         await backend.connect("doomed")
     with pytest.raises(SandboxError):
         await box.run(["/bin/true"])
+
+
+@pytest.mark.asyncio
+async def test_a_kill_ends_a_command_that_its_bwraps_process_group_signal_misses(
+    backend: LocalSandboxBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap killed while it still sets up never kills its pid-namespace init, so signalling its
+    process group can leave the command alive: the kill must reach the init as well. Here the group
+    signal reaches nothing at all, which is what such a bwrap amounts to."""
+    box = await backend.create("stubborn", metadata={})
+    running = asyncio.create_task(box.run(["/bin/sleep", "1000"], timeout_s=120))
+    await eventually(lambda: backend.running.get("stubborn"), "the command to start")
+    monkeypatch.setattr(processes, "killpg", lambda proc: None)
+    await box.kill()
+    result = await asyncio.wait_for(running, 100)  # before its own 120 s limit
+    assert result.exit_code != 0 and not result.timed_out, result
+    assert "stubborn" not in backend.running
 
 
 @pytest.mark.asyncio

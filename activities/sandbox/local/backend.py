@@ -9,7 +9,6 @@ See :mod:`activities.sandbox.local` for the isolation.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import functools
@@ -39,7 +38,7 @@ from activities.sandbox.local import quota
 from activities.sandbox.local.bwrap import INSTALL_HINT, clear_probe_cache, require_bwrap
 from activities.sandbox.local.hostfs import CREATE_FLAGS, HostExecutor, locked, open_dir, read_small
 from activities.sandbox.local.limits import DEFAULT_UID_BASE, LocalLimits, host_uid_for
-from activities.sandbox.local.processes import killpg
+from activities.sandbox.local.processes import Commands
 from activities.sandbox.local.sandbox import CREATE_TIMEOUT_S, HOST_TIMEOUT_S, META_FILE, WORKSPACE_DIR, LocalSandbox
 from activities.sandbox.local.trees import FLATTEN_DEPTH, remove_tree
 
@@ -95,7 +94,7 @@ class LocalSandboxBackend:
     ) -> None:
         self.root = Path(root).absolute()
         self.limits = limits or LocalLimits()
-        self.running: dict[str, set[asyncio.subprocess.Process]] = {}
+        self.running: dict[str, Commands] = {}
         self.uid_base = uid_base
         self.io = HostExecutor("sandbox-io", IO_THREADS)
         self.bulk = HostExecutor("sandbox-bulk", BULK_THREADS)
@@ -325,8 +324,9 @@ class LocalSandboxBackend:
     async def kill(self, sandbox_id: str) -> bool:
         """Kill the sandbox's running commands, unmount and delete its directory; ``True`` if it existed."""
         validate_sandbox_id(sandbox_id)
-        for proc in list(self.running.pop(sandbox_id, ())):
-            killpg(proc)
+        commands = self.running.pop(sandbox_id, None)
+        if commands is not None:
+            commands.kill()
         return await self.bulk.run(
             f"removing sandbox {sandbox_id!r}", REMOVE_TIMEOUT_S, functools.partial(self._kill_sync, sandbox_id)
         )

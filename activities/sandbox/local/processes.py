@@ -32,13 +32,31 @@ KILL_GRACE_S = 5.0  # how long to wait for pipes to close after a SIGKILL before
 Monitor = Callable[[], Awaitable[str]]
 
 
+class Commands(set[asyncio.subprocess.Process]):
+    """One sandbox's running commands (their outer bwraps), and whether the sandbox was killed.
+
+    Killing a bwrap's process group is not enough on its own: a bwrap killed while it still sets up
+    never kills its pid-namespace init, so the command would live on. :meth:`kill` also wakes each
+    command's :func:`execute`, which kills the init and waits until the namespace is empty.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = asyncio.Event()
+
+    def kill(self) -> None:
+        self.killed.set()
+        for proc in list(self):
+            killpg(proc)
+
+
 async def execute(
     spawn: Spawn,
     *,
     stdin: bytes,
     timeout_s: float,
     limits: LocalLimits,
-    running: dict[str, set[asyncio.subprocess.Process]],
+    running: dict[str, Commands],
     sandbox_id: str,
     monitor: Monitor | None = None,
     monitor_min_s: float = 0.25,
@@ -50,7 +68,7 @@ async def execute(
     """
     started = time.monotonic()
     # Registered before the spawn: a kill while the process starts pops this set, which the start then sees.
-    procs = running.setdefault(sandbox_id, set())
+    procs = running.setdefault(sandbox_id, Commands())
     try:
         proc = await asyncio.create_subprocess_exec(
             *spawn.argv,
@@ -86,7 +104,7 @@ async def execute(
         tasks.add(asyncio.ensure_future(_feed(proc, stdin)))
     watch = asyncio.ensure_future(flooded.wait())
     objection: list[str] = []
-    watchers: set[asyncio.Future[Any]] = {watch}
+    watchers: set[asyncio.Future[Any]] = {watch, asyncio.ensure_future(procs.killed.wait())}
     if monitor is not None:
         watchers.add(asyncio.ensure_future(_watch(monitor, monitor_min_s, objection)))
     timed_out = flooding = False

@@ -7,7 +7,6 @@ workspace as it is now (never following a link the sandboxed code planted); see
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import errno
 import functools
@@ -33,7 +32,7 @@ from activities.sandbox.local import quota
 from activities.sandbox.local.bwrap import Spawn, build_spawn, require_bwrap
 from activities.sandbox.local.hostfs import HostExecutor, TooLarge, open_dir, read_at, walk, write_at
 from activities.sandbox.local.limits import LocalLimits
-from activities.sandbox.local.processes import execute
+from activities.sandbox.local.processes import Commands, execute
 from activities.sandbox.local.trees import Usage, measure_tree
 
 T = TypeVar("T")
@@ -86,7 +85,7 @@ class Host(Protocol):
     root: Path
     limits: LocalLimits
     uid_base: int
-    running: dict[str, set[asyncio.subprocess.Process]]  # by sandbox id: the commands running now
+    running: dict[str, Commands]  # by sandbox id: the commands running now
     io: HostExecutor  # quick host work
     bulk: HostExecutor  # slow host work
 
