@@ -65,8 +65,12 @@ async def erase(
     dry_run: bool = False,
     grace_s: float = BLOB_GRACE_S,
     now: float | None = None,
+    scrub: bool = True,
 ) -> Erased:
-    """Delete the data of ``conversations`` and the ledger of ``workflow_ids`` (see the module)."""
+    """Delete the data of ``conversations`` and the ledger of ``workflow_ids`` (see the module).
+
+    ``scrub=False`` leaves the store's :meth:`~activities.store.base.RunStore.scrub` to the caller
+    (``forget`` scrubs once, fully, after it has deleted memory and streamed text as well)."""
     doomed = sorted(set(conversations))
     doomed_set = set(doomed)
     runs = sorted({run_key(c) for c in doomed})
@@ -108,5 +112,6 @@ async def erase(
         report.ledger_entries += await store.delete_ledger(workflow_id)
     for start in range(0, len(blobs), gc.DELETE_BATCH):
         report.blobs += await store.delete_blobs(blobs[start : start + gc.DELETE_BATCH])
-    report.scrubbed = await store.scrub()  # also when nothing was deleted now: an earlier scrub may not have completed
+    if scrub:  # also when nothing was deleted now: an earlier scrub may not have completed
+        report.scrubbed = await store.scrub()
     return report

@@ -245,9 +245,10 @@ async def forget(
     shared = await _shared_workflow_ids(client, closed)
     report.kept_ledgers = sorted(shared)
     conversations = await _conversations_of(store, closed, tenant, user)
-    erased = await erase(store, conversations, sorted({r.workflow_id for r in closed} - shared), dry_run=dry_run)
+    erased = await erase(
+        store, conversations, sorted({r.workflow_id for r in closed} - shared), dry_run=dry_run, scrub=False
+    )
     report.problems = erased.problems
-    report.scrubbed = erased.scrubbed
     report.counts["runs"] = len(closed) if dry_run else 0
     report.counts.update(erased.counts())
     if memory is not None:  # kept per (tenant, user), not per run: open runs do not keep it
@@ -258,6 +259,9 @@ async def forget(
         ids = sorted({r.workflow_id for r in closed})
         report.counts["stream_deltas"] = sum([await (deltas.count if dry_run else deltas.delete)(w) for w in ids])
     if not dry_run:
+        # Once, after every kind is deleted, and also when nothing was now: an earlier scrub may not
+        # have completed. Full: PostgreSQL rewrites the tables, so no deleted bytes stay in their files.
+        report.scrubbed = await store.scrub(full=True)
         report.counts["runs"] = await delete_executions(client, closed)
     log.info(
         "forget",

@@ -1,10 +1,12 @@
 """``starter.py forget``: a tenant's (or user's) runs, sessions, sub-agents, checkpoints and blobs deleted.
 
-Real dev server, an in-process worker with the bubblewrap sandbox and a SQLite run store, the fake
-model server; ``forget`` runs as a subprocess. Tenants A and B each run an agent run that writes a
+Real dev server, an in-process worker with the bubblewrap sandbox and a run store (SQLite, PostgreSQL,
+and SQLite encrypted at rest with its Temporal payloads encrypted too), the fake model server; ``forget``
+runs as a subprocess. Tenants A and B each run an agent run that writes a
 file holding its marker plus a file of the same bytes in both (one shared blob), asks a sub-agent
 (A's), posts its marker after an approval, and a two-message session that writes a file too.
-After ``forget --tenant A``: A's marker is in none of the store's files (it was before), Temporal
+After ``forget --tenant A``: A's marker is in none of the store's files (it was before, except
+encrypted, where it never is), the PostgreSQL server's files included, Temporal
 lists none of A's runs, B reads its transcript and checkpoint files (the shared one included), a
 second forget deletes nothing, a dry run deletes nothing, an open run is left alone and listed,
 and ``--include-open`` cancels it and forgets it. ``--user`` forgets one user of a tenant only.
@@ -13,6 +15,7 @@ and ``--include-open`` cancels it and forgets it. ``--user`` forgets one user of
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,17 +25,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.checkpoints.gc import workflow_of
+from activities.crypto.codec import encrypted_converter
 from activities.runtime import Runtime
 from activities.sandbox.checkpointable import Manifest
+from activities.settings import EncryptionSettings, Settings
 from durable_agents.search_attributes import ensure_search_attributes
 from tests.conftest import WorkerFactory, require_bwrap, start_agent
+from tests.crypto_keys import TEST_ONLY_K1, ring
 from tests.fakes.http_sink import HttpSink
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.pg import StoppablePostgres
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
@@ -47,6 +56,51 @@ COUNT_KINDS = ("runs", "conversations", "messages", "checkpoints", "blobs", "led
 @pytest.fixture
 def cache_mode() -> str:
     return "cached"
+
+
+class Store:
+    """Where the test's run store keeps its bytes, and whether it and the payloads are encrypted."""
+
+    def __init__(self, url: str, keys: str = "", pgdata: Path | None = None) -> None:
+        self.url, self.keys, self.pgdata = url, keys, pgdata
+
+    def holds(self, marker: str) -> bool:
+        """Whether ``marker``'s bytes are anywhere in the store's files. PostgreSQL: in the files of its
+        tables and indexes (``base/``), after a CHECKPOINT so that rows reach them and not only the WAL;
+        the server's WAL keeps them until it is recycled, which is the operator's (docs/tenants.md)."""
+        if self.pgdata is None:
+            return in_store_files(self.url, marker)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        tables = str(self.pgdata / "base")
+        found = subprocess.run(["grep", "-r", "-a", "-F", "-q", "-e", marker, tables], check=False)
+        assert found.returncode in (0, 1, 2), found  # 2: a file the server removed while grep read the tree
+        return found.returncode == 0
+
+
+@pytest.fixture(params=["sqlite", "postgres", "sqlite-encrypted"])
+def store(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Store]:
+    if request.param == "postgres":
+        server: StoppablePostgres = request.getfixturevalue("stoppable_postgres")
+        yield Store(server.url, pgdata=Path(server._server.pgdata))
+    else:
+        yield Store(settings.store_url, keys=TEST_ONLY_K1 if request.param == "sqlite-encrypted" else "")
+
+
+@pytest.fixture
+async def tenant_runtime(settings: Settings, store: Store) -> Any:
+    keys = EncryptionSettings(keyring=ring(store.keys)) if store.keys else settings.encryption
+    rt = Runtime.from_settings(dataclasses.replace(settings, store_url=store.url, encryption=keys))
+    yield rt
+    await rt.aclose()
+
+
+def client_for(env: WorkflowEnvironment, store: Store) -> Client:
+    """The dev server's client; encrypted runs get their payloads encrypted with the store's key ring."""
+    if not store.keys:
+        return env.client
+    converter = encrypted_converter(pydantic_data_converter, ring(store.keys))
+    return Client(env.client.service_client, namespace=env.client.namespace, data_converter=converter)
 
 
 @pytest.fixture
@@ -84,13 +138,15 @@ def model(sink: HttpSink) -> Any:
 
 
 class Cli:
-    def __init__(self, client: Client, task_queue: str, store_url: str) -> None:
+    def __init__(self, client: Client, task_queue: str, store_url: str, keys: str = "") -> None:
         self.env = {
             "PATH": os.environ["PATH"],
             "TEMPORAL_ADDRESS": client.service_client.config.target_host,
             "AGENT_TASK_QUEUE": task_queue,
             "AGENT_STORE_URL": store_url,
         }
+        if keys:
+            self.env["AGENT_PAYLOAD_KEYS"] = keys
 
     async def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
         """In a thread: the worker answers on this test's event loop (a cancelled run must still close)."""
@@ -219,19 +275,24 @@ async def last_checkpoint_files(runtime: Runtime, conversation_id: str) -> dict[
 
 
 async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_tenants(
-    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, sink: HttpSink
+    dev_env: WorkflowEnvironment,
+    tenant_runtime: Runtime,
+    store: Store,
+    run_worker: WorkerFactory,
+    llm: FakeLLMServer,
+    sink: HttpSink,
 ) -> None:
     require_bwrap()
-    client = dev_env.client
+    runtime = tenant_runtime
+    client = client_for(dev_env, store)
     runtime.search_attributes_ready = await ensure_search_attributes(client)
     assert runtime.search_attributes_ready, "forget finds a tenant's runs by their AgentTenant search attribute"
     suffix = uuid.uuid4().hex[:8]
     tenant_a, tenant_b = f"acme-{suffix}", f"globex-{suffix}"
     marker_a, marker_b, marker_open = (f"MARKER{x}{uuid.uuid4().hex}" for x in ("A", "B", "OPEN"))
     llm.default = model(sink)
-    store_url = runtime.settings.store_url
     async with run_worker(client, runtime) as tq:
-        cli = Cli(client, tq, store_url)
+        cli = Cli(client, tq, store.url, store.keys)
         a_ids = await tenant_work(client, runtime, tq, sink, tenant_a, marker_a)
         b_ids = await tenant_work(client, runtime, tq, sink, tenant_b, marker_b)
         assert len(sink.received) == 2 and marker_a.encode() in sink.received[0].body
@@ -243,9 +304,11 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         b_conversations = await conversations_of(runtime, b_ids)
         assert len(a_conversations) == 4 and len(b_conversations) == 4, (a_conversations, b_conversations)
         assert any([await runtime.store.ledger(w) for w in a_ids]), "the approved post has its ledger entry"
-        # The positive control: the markers are plaintext in the store (short entries and files are not compressed).
-        assert in_store_files(store_url, marker_a) and in_store_files(store_url, marker_b)
-        assert in_store_files(store_url, f"{marker_a}-memory")  # the memory entry's text is plaintext too
+        # The positive control: the markers are plaintext in the store (short entries and files are not
+        # compressed); encrypted at rest, no marker is ever there.
+        plaintext = not store.keys
+        assert store.holds(marker_a) is plaintext and store.holds(marker_b) is plaintext
+        assert store.holds(f"{marker_a}-memory") is plaintext  # the memory entry's text as well
 
         dry = await cli("forget", "--tenant", tenant_a, "--dry-run")
         planned = counts(dry)
@@ -255,7 +318,7 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         assert min(planned.values()) > 0, dry.stdout
         assert audit(dry)["dry_run"] is True
         assert await conversations_of(runtime, a_ids) == a_conversations
-        assert in_store_files(store_url, marker_a)
+        assert store.holds(marker_a) is plaintext
 
         first = await cli("forget", "--tenant", tenant_a)
         deleted = counts(first)
@@ -265,8 +328,8 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         record = audit(first)
         assert record["tenant"] == tenant_a and record["dry_run"] is False and record["blobs"] == deleted["blobs"]
         assert marker_a not in first.stderr
-        assert not in_store_files(store_url, marker_a), "A's marker is still in the store's files"
-        assert not in_store_files(store_url, f"{marker_a}-memory")
+        assert not store.holds(marker_a), "A's marker is still in the store's files"
+        assert not store.holds(f"{marker_a}-memory")
         left = await conversations_of(runtime, a_ids)
         assert left == [], left
         assert deleted["memory entries"] == 1 and await runtime.memory.count(tenant_a, None) == 0
@@ -297,10 +360,10 @@ async def test_forget_a_tenant_deletes_its_data_and_runs_and_keeps_the_other_ten
         forgot_open = counts(with_open)
         assert forgot_open["runs"] == 1 and forgot_open["messages"] > 0, with_open.stdout
         assert "open runs" not in with_open.stdout and "still open" not in with_open.stdout, with_open.stdout
-        assert not in_store_files(store_url, marker_open)
+        assert not store.holds(marker_open)
         await eventually(lambda: _no_runs(client, tenant_a), "Temporal lists none of A's runs")
         assert set(counts(await cli("forget", "--tenant", tenant_a)).values()) == {0}
-        assert in_store_files(store_url, marker_b)
+        assert store.holds(marker_b) is plaintext
 
 
 async def _no_runs(client: Client, tenant: str) -> bool:

@@ -305,9 +305,15 @@ class RunStore(Protocol):
         """Delete what ``run``'s checkpoints were counted as; how many checkpoints it had recorded."""
         ...
 
-    async def scrub(self) -> bool:
+    async def scrub(self, full: bool = False) -> bool:
         """Make what was deleted unrecoverable from the store's own files where the database allows it
         (SQLite: checkpoint and truncate the WAL; PostgreSQL: ``VACUUM`` the tables deleted from).
+
+        ``full`` (what ``forget`` asks for) on PostgreSQL runs ``VACUUM FULL`` instead, which rewrites
+        each table and its indexes into new files: a plain ``VACUUM`` frees a dead row's space but
+        leaves its bytes in the page until a later write reuses it. The rewrite locks each table
+        while it runs (the store's other callers wait). SQLite's deletes already zero the freed space
+        (``secure_delete``), so ``full`` changes nothing there.
 
         False when it could not complete (SQLite: another connection kept reading past the busy timeout,
         so the WAL still holds earlier page images until its next checkpoint): run it again."""

@@ -239,8 +239,8 @@ class EncryptedRunStore:
     async def delete_checkpoint_usage(self, run: str) -> int:
         return await self.inner.delete_checkpoint_usage(run)
 
-    async def scrub(self) -> bool:
-        return await self.inner.scrub()
+    async def scrub(self, full: bool = False) -> bool:
+        return await self.inner.scrub(full)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -1,9 +1,11 @@
 """The PostgreSQL store's part of forgetting and retention: blob references, deleting a run's rows, scrubbing.
 
 Mixed into :class:`activities.store.postgres.PostgresRunStore`. :meth:`scrub` runs ``VACUUM`` on the
-tables forget and retention delete from (outside a transaction: the pool's connections autocommit),
-so the dead rows are removed from their pages instead of waiting for autovacuum. What that does not
-reach (the server's WAL archive, base backups, replicas' WAL) is the operator's; see ``docs/tenants.md``.
+tables retention deletes from (outside a transaction: the pool's connections autocommit), so the dead
+rows' space is freed instead of waiting for autovacuum; ``forget`` asks for ``VACUUM FULL`` of every
+table that holds a tenant's data, because only a rewrite leaves none of a deleted row's bytes in the
+tables' files (a plain ``VACUUM`` leaves them in the freed space of the page). What neither reaches
+(the server's WAL, its archive, base backups, replicas) is the operator's; see ``docs/tenants.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from activities.store.checkpoint_usage import STOPPED
 
 Connection = psycopg.AsyncConnection[TupleRow]
 SCRUBBED_TABLES = ("transcript", "ledger", "blobs", "blob_refs", "checkpoint_usage")
+# Every table that holds a tenant's text, for ``forget``: long-term memory and streamed text live in the
+# same database (the memory and streaming stores delete their rows before ``forget`` scrubs).
+REWRITTEN_TABLES = (
+    *SCRUBBED_TABLES,
+    "memory_entries",
+    "memory_terms",
+    "memory_namespaces",
+    "stream_deltas",
+    "stream_listeners",
+)
 
 
 class PostgresErasure:
@@ -81,8 +93,9 @@ class PostgresErasure:
         await self._delete("DELETE FROM checkpoint_usage WHERE run = %s AND checkpoint_id = %s", run, STOPPED)
         return await self._delete("DELETE FROM checkpoint_usage WHERE run = %s", run)
 
-    async def scrub(self) -> bool:
+    async def scrub(self, full: bool = False) -> bool:
+        statement = sql.SQL("VACUUM FULL {}") if full else sql.SQL("VACUUM {}")
         async with self._conn() as conn:
-            for table in SCRUBBED_TABLES:
-                await conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(table)))
+            for table in REWRITTEN_TABLES if full else SCRUBBED_TABLES:
+                await conn.execute(statement.format(sql.Identifier(table)))
         return True

@@ -103,5 +103,5 @@ class SQLiteErasure:
     async def delete_checkpoint_usage(self, run: str) -> int:
         return await self._call(self._delete_checkpoint_usage, run)
 
-    async def scrub(self) -> bool:
+    async def scrub(self, full: bool = False) -> bool:
         return await self._call(self._scrub)
