@@ -6,8 +6,9 @@ use and tells outages (``StoreUnavailable``) from other errors. Saves of one nam
 by a row lock on its ``memory_namespaces`` row, so the bounds hold under concurrent saves.
 
 Deleted rows stay in the tables' files as dead tuples until a ``VACUUM``: ``forget`` and ``expire`` run
-one on the memory tables after deleting. PostgreSQL's WAL and its freed file space can still hold the
-bytes until they are recycled; only encryption at rest makes them unreadable there.
+one on the memory tables after deleting, which frees their space without overwriting it; the run
+store's ``forget`` then rewrites the tables (``VACUUM FULL``, ``RunStore.scrub(full=True)``). PostgreSQL's
+WAL can still hold the bytes until it is recycled; only encryption at rest makes them unreadable there.
 """
 
 from __future__ import annotations
