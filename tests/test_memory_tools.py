@@ -133,7 +133,7 @@ async def test_a_sub_agent_searches_its_parents_namespace_only(
     assert "99 dollars" in globex and "42 dollars" not in globex, globex
 
 
-async def test_sessions_of_two_tenants_keep_their_memory_apart(
+async def test_sessions_of_two_tenants_keep_their_memory_apart_in_search_and_delete(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = tmp_path / "policy.json"
@@ -145,7 +145,8 @@ async def test_sessions_of_two_tenants_keep_their_memory_apart(
         if messages[-1]["role"] == "tool":
             return Scripted(text=f"tool said: {messages[-1]['content']}")
         verb, _, rest = messages[-1]["content"].partition(" ")
-        tool = ("memory_save", {"text": rest}) if verb == "save" else ("memory_search", {"query": rest})
+        tools = {"save": ("memory_save", {"text": rest}), "delete": ("memory_delete", {"key": rest})}
+        tool = tools.get(verb, ("memory_search", {"query": rest}))
         return Scripted(tool_calls=[(tool[0], json.dumps(tool[1]))])
 
     llm.default = session_agent
@@ -175,11 +176,18 @@ async def test_sessions_of_two_tenants_keep_their_memory_apart(
     try:
         async with run_worker(client, runtime) as tq:
             acme = await chat("acme", ["save acme's wifi password hint is parrot", "search wifi password"])
+            [entry] = await runtime.memory.search("acme", "ann", "wifi", 5)
             globex = await chat("globex", ["search wifi password"])
+            globex_delete = await chat("globex", [f"delete {entry.key}"])  # acme's key, from globex's session
+            kept = await runtime.memory.count("acme", "ann")
+            acme_delete = await chat("acme", [f"delete {entry.key}"])
+            left = await runtime.memory.count("acme", "ann")
     finally:
         await runtime.aclose()
     assert "parrot" in acme, acme
     assert "parrot" not in globex and "No memory entries matched" in globex, globex
+    assert f"no memory entry has the key [{entry.key}]" in globex_delete and kept == 1, globex_delete
+    assert f"deleted memory entry [{entry.key}]" in acme_delete and left == 0, acme_delete
 
 
 def _context(memory: SQLiteMemoryStore, key: str, tenant: str = "t") -> ToolContext:

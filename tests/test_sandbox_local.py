@@ -20,8 +20,7 @@ import pytest
 from activities.sandbox.base import SandboxError, SandboxMissing, SandboxUnavailable
 from activities.sandbox.factory import backend_for
 from activities.sandbox.local import backend as local
-from activities.sandbox.local import processes
-from activities.sandbox.local import seccomp
+from activities.sandbox.local import processes, seccomp
 from activities.sandbox.local.backend import LocalLimits, LocalSandbox, LocalSandboxBackend
 from activities.sandbox.reaper import reap
 from activities.settings import ConfigurationError, LocalSandboxSettings, SandboxSettings, Settings

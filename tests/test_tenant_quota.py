@@ -64,7 +64,11 @@ async def test_the_run_over_the_limit_is_refused_with_its_reason_and_others_go_o
         assert kind == TENANT_QUOTA_EXCEEDED, (kind, message)
         assert message.startswith("tenant 'acme' has 2 open runs, the most AGENT_TENANT_MAX_OPEN_RUNS=2 allows")
         assert first.id in message and second.id in message
-        assert len(await store.tenant_runs("acme")) == 2  # the refused run holds no place
+        # A session over the limit is refused the same way.
+        kind, message = await refusal(await open_session(client, tq, "acme"))
+        assert kind == TENANT_QUOTA_EXCEEDED, (kind, message)
+        assert message.startswith("tenant 'acme' has 2 open runs, the most AGENT_TENANT_MAX_OPEN_RUNS=2 allows")
+        assert len(await store.tenant_runs("acme")) == 2  # the refused run and session hold no place
 
         # Another tenant and a run without one are not held back by acme's count.
         assert (await (await start_agent(client, tq, id_prefix="quota-beta", tenant="beta")).result()).output == "done"

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.mcp.config import load_mcp_config
+from activities.mcp.config import for_tenant, load_mcp_config
 from activities.redaction import REDACTED, redact
 from activities.runtime import Runtime
 from activities.settings import ConfigurationError, ExtensionSettings, Settings
+from activities.tenant_secrets import SecretUnavailable
 from activities.tools import ToolContext, ToolError
 from durable_agents.logs import Redactor
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
@@ -336,6 +337,33 @@ async def test_a_per_run_mcp_server_starts_with_its_runs_tenant_secret(
         assert len(json.loads(transcripts[0])) >= 4, "the transcript holds the tool results"
         for text in (*histories.values(), *transcripts, json.dumps([r["body"] for r in llm.requests])):
             assert value not in text
+
+
+def test_a_per_run_http_servers_headers_carry_each_tenants_secret_and_are_learned_whole(tmp_path: Path) -> None:
+    secrets_dir = tmp_path / "tenant-secrets"
+    tokens = {"acme": token("acme"), "globex": token("globex")}
+    for tenant, value in tokens.items():
+        (secrets_dir / tenant).mkdir(parents=True)
+        (secrets_dir / tenant / "API_TOKEN").write_text(value + "\n")
+    path = tmp_path / "mcp.json"
+    remote = {
+        "type": "http",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": {"Authorization": "Bearer ${secret:API_TOKEN}", "X-Client": "agents"},
+        "per_run": True,
+    }
+    path.write_text(json.dumps({"mcpServers": {"remote": remote}}))
+    settings = Settings(mcp_config=str(path), environ={}, tenant_secrets_dir=str(secrets_dir))
+    server = load_mcp_config(settings).servers["remote"]
+    assert server.headers["Authorization"] == "Bearer ${secret:API_TOKEN}"  # resolved per run, not at load
+    logs = Redactor([])
+    for tenant, value in tokens.items():
+        resolved, used = for_tenant(server, settings, tenant)
+        assert resolved.headers == {"Authorization": f"Bearer {value}", "X-Client": "agents"}
+        assert value in used and f"Bearer {value}" in used
+        assert logs(None, "info", {"event": "x", "h": f"Bearer {value}"})["h"] == REDACTED
+    with pytest.raises(SecretUnavailable, match="API_TOKEN"):
+        for_tenant(server, settings, "initech")
 
 
 def test_a_shared_mcp_server_refuses_a_tenant_secret_at_load(tmp_path: Path) -> None:

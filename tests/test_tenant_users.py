@@ -94,17 +94,17 @@ async def test_a_fork_of_another_users_run_fails_and_copies_nothing(
     assert forked.status == "completed" and secret in forked.output
 
 
-async def test_a_session_restarted_by_another_user_reads_nothing(
+async def test_a_session_restarted_by_another_user_or_tenant_reads_nothing(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
     llm.enqueue(Scripted(text="ann's private reply"), Scripted(text="ann again"))
     client = dev_env.client
     session_id = f"user-session-{uuid.uuid4().hex[:8]}"
 
-    async def session(user: str) -> WorkflowHandle[Any, AgentResult]:
+    async def session(user: str, tenant: str = "acme") -> WorkflowHandle[Any, AgentResult]:
         return await client.start_workflow(
             AgentWorkflow.run,
-            AgentInput(session=SessionSpec(), tenant="acme", user=user),
+            AgentInput(session=SessionSpec(), tenant=tenant, user=user),
             id=session_id,
             task_queue=tq,
         )
@@ -127,6 +127,9 @@ async def test_a_session_restarted_by_another_user_reads_nothing(
         message = await failure(await session("bob"))
         assert len(llm.requests) == requests_before  # bob's run saw nothing of ann's conversation
         assert "belongs to another user than this run's (user 'bob')" in message, message
+        message = await failure(await session("ann", tenant="globex"))  # the same user name, another tenant
+        assert len(llm.requests) == requests_before
+        assert "belongs to another tenant than this run's (tenant 'globex')" in message, message
 
         again = await session("ann")  # ann's own session goes on where it was
         sent = await again.execute_update("send", SessionMessage(message_id="b", text="back"), result_type=SendResult)
