@@ -149,6 +149,34 @@ async def floor_workers(clients: Sequence[Client], task_queue: str) -> AsyncIter
         yield
 
 
+def server_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process's ``temporal`` children: the dev server."""
+    me, total, tick = os.getpid(), 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        fields = rest.split()
+        if int(fields[1]) == me and name.startswith("temporal"):
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@contextlib.contextmanager
+def cpu_meter(into: dict[str, list[float]]) -> Iterator[None]:
+    """Appends the CPU seconds of this process (workers, client) and of the dev server spent inside."""
+    process, server = time.process_time(), server_cpu_s()
+    try:
+        yield
+    finally:
+        into.setdefault("process", []).append(time.process_time() - process)
+        into.setdefault("server", []).append(server_cpu_s() - server)
+
+
 def queue(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

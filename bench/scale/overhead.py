@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale.common import (
+    cpu_meter,
     dev_server,
     floor_workers,
     histories,
@@ -38,12 +39,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for turns in args.turns:
                     floor_s: list[float] = []
                     ours_s: list[float] = []
+                    cpu: dict[str, dict[str, list[float]]] = {"floor": {}, "ours": {}}
                     last: dict[str, tuple[str, str]] = {}
                     for _ in range(args.repeat):
-                        wid, rid, wall = await run_floor(client, floor_q, turns, args.kb)
+                        with cpu_meter(cpu["floor"]):
+                            wid, rid, wall = await run_floor(client, floor_q, turns, args.kb)
                         floor_s.append(wall)
                         last["floor"] = (wid, rid)
-                        wid, rid, wall = await run_ours(client, ours_q, turns, args.kb)
+                        with cpu_meter(cpu["ours"]):
+                            wid, rid, wall = await run_ours(client, ours_q, turns, args.kb)
                         ours_s.append(wall)
                         last["ours"] = (wid, rid)
                     ours_h = history_stats(await histories(client, *last["ours"]))
@@ -60,14 +64,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                             "ours_ms_per_turn": round(1000 * median(ours_s) / turns, 1),
                             "floor_ms_per_turn": round(1000 * median(floor_s) / turns, 1),
                             "extra_ms_per_turn": round(1000 * (median(ours_s) - median(floor_s)) / turns, 1),
+                            # CPU per turn (median of the repeats): the bench process (its workers and
+                            # client) and the dev server; on a shared machine less noisy than wall time.
+                            "cpu_ms_per_turn": {
+                                side: {part: round(1000 * median(values) / turns, 2) for part, values in parts.items()}
+                                for side, parts in cpu.items()
+                            },
                             "ours_history": ours_h,
                             "floor_history": floor_h,
                             "target_met": ratio <= TARGET_RATIO,
                         }
                     )
+                    per_turn = rows[-1]["cpu_ms_per_turn"]
                     print(
                         f"turns {turns:4d}: ours {median(ours_s):7.2f} s, floor {median(floor_s):7.2f} s, "
-                        f"ratio {ratio:.2f}x ({rows[-1]['extra_ms_per_turn']:+.1f} ms/turn)"
+                        f"ratio {ratio:.2f}x ({rows[-1]['extra_ms_per_turn']:+.1f} ms/turn); CPU ms/turn "
+                        f"process {per_turn['ours']['process']} vs {per_turn['floor']['process']}, "
+                        f"server {per_turn['ours']['server']} vs {per_turn['floor']['server']}"
                     )
     fit = _fixed_and_per_turn(rows)
     return {
