@@ -103,15 +103,17 @@ async def erase(
         report.ledger_entries = sum([len(await store.ledger(w)) for w in sorted(set(workflow_ids))])
         report.blobs = len(blobs)
         return report
-    for conversation_id in doomed:
-        report.messages += await store.delete_conversation(conversation_id)
+    # The transcripts go last: they are how the conversations are found, so an erase interrupted
+    # part way (a killed reaper or forget) is finished by the next one instead of orphaning blobs.
+    for start in range(0, len(blobs), gc.DELETE_BATCH):
+        report.blobs += await store.delete_blobs(blobs[start : start + gc.DELETE_BATCH])
+    for workflow_id in sorted(set(workflow_ids)):
+        report.ledger_entries += await store.delete_ledger(workflow_id)
     for run in runs:
         report.checkpoints += await store.delete_checkpoint_usage(run)
         await store.delete_blob_refs(run)
-    for workflow_id in sorted(set(workflow_ids)):
-        report.ledger_entries += await store.delete_ledger(workflow_id)
-    for start in range(0, len(blobs), gc.DELETE_BATCH):
-        report.blobs += await store.delete_blobs(blobs[start : start + gc.DELETE_BATCH])
+    for conversation_id in doomed:
+        report.messages += await store.delete_conversation(conversation_id)
     if scrub:  # also when nothing was deleted now: an earlier scrub may not have completed
         report.scrubbed = await store.scrub()
     return report

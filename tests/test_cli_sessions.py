@@ -31,6 +31,7 @@ from activities.settings import EncryptionSettings, Settings
 from tests.conftest import WorkerFactory
 from tests.crypto_keys import TEST_ONLY_K1, ring
 from tests.fakes.llm_server import FakeLLMServer, Scripted
+from tests.interrupts import as_from_a_terminal
 from tests.waiting import eventually
 from workflows.agent import AgentWorkflow
 from workflows.session_types import SendResult, SessionMessage, SessionSpec
@@ -83,6 +84,8 @@ class Cli:
         return await asyncio.to_thread(self._run, args, stdin)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        """A command left running; it takes Ctrl-C (SIGINT) as from a terminal, also when the suite runs
+        as a background job (which starts its children with SIGINT ignored)."""
         return subprocess.Popen(
             [sys.executable, str(ROOT / "starter.py"), *args],
             env=self.env,
@@ -90,6 +93,7 @@ class Cli:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=as_from_a_terminal,
         )
 
 

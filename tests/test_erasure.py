@@ -107,3 +107,32 @@ async def test_a_run_recorded_to_use_a_blob_keeps_it_though_no_entry_names_it_ye
     assert await store.blob_ref_runs([digest]) == {digest: {"wf-b/r9"}}
     assert await store.delete_blobs([digest]) == 1
     assert await store.blob_ref_runs([digest]) == {}, "deleting a blob deletes its references"
+
+
+class _FailsOnce:
+    """A store whose first ``delete_ledger`` fails: an erase killed part way."""
+
+    def __init__(self, inner: RunStore) -> None:
+        self._inner, self.failed = inner, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def delete_ledger(self, workflow_id: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("killed part way")
+        return await self._inner.delete_ledger(workflow_id)
+
+
+async def test_an_erase_stopped_part_way_is_finished_by_the_next_one(store: RunStore) -> None:
+    a_checkpoint, a_own = await checkpointed_run(store, "wf-a/r1", "A", b"MARKER-A only in tenant A")
+    flaky = _FailsOnce(store)
+    with pytest.raises(RuntimeError, match="killed part way"):
+        await erase(flaky, ["wf-a/r1"], ["wf-a"], grace_s=0)  # type: ignore[arg-type]
+    # The transcript, by which the next erase finds the run, is what goes last.
+    assert await store.count_messages("wf-a/r1") == 3
+    done = await erase(store, ["wf-a/r1"], ["wf-a"], grace_s=0)
+    assert done.messages == 3 and await store.count_messages("wf-a/r1") == 0
+    assert await store.get_blob(a_own) is None and await store.get_blob(a_checkpoint) is None
+    assert await store.blob_refs_of("wf-a/r1") == [] and (await store.checkpoint_usage("wf-a/r1")).count == 0
