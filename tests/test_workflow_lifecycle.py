@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHandle, WorkflowHistory
@@ -21,7 +22,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from activities.model_turn import ModelActivities
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint
-from activities.tools.activity import tool_activities
+from activities.tools.activity import run_invocation, tool_activities
+from activities.tools.spec import SPEC_ATTRIBUTE, ToolContext, ToolSpec, tool
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
@@ -252,6 +254,40 @@ async def test_model_reply_stored_by_an_earlier_attempt_is_reused(runtime: Runti
     assert [c.name for c in first.tool_calls] == ["write_file"]
     stored = await runtime.store.get_message(request.conversation_id, 2)
     assert stored is not None and stored.message.tool_calls[0].name == "write_file"
+
+
+class _Counted(BaseModel):
+    pass
+
+
+async def test_a_read_only_tools_retry_returns_the_entry_its_earlier_attempt_stored(runtime: Runtime) -> None:
+    """A read-only tool outside the sandbox is not looked up before it runs: its retry runs it again, and
+    the store's first-writer-wins put still returns the earlier attempt's result, so the run sees one."""
+    calls: list[int] = []
+
+    @tool("counted", description="Says how often it ran.", args=_Counted)
+    async def counted(args: _Counted, ctx: ToolContext) -> str:
+        calls.append(1)
+        return f"run {len(calls)}"
+
+    spec: ToolSpec = getattr(counted, SPEC_ATTRIBUTE)
+    invocation = ToolInvocation(
+        conversation_id=f"conv-ro-{uuid.uuid4().hex[:8]}",
+        workflow_id="wf-ro",
+        step=1,
+        call_id="call_1",
+        call_index=0,
+        seq=3,
+        tool="counted",
+        arguments={},
+        idempotency_key="ik_ro",
+    )
+    env = ActivityEnvironment()
+    first = await env.run(run_invocation, spec, runtime, invocation)
+    second = await env.run(run_invocation, spec, runtime, invocation)
+    assert first.ok and first.preview == "run 1" and second == first
+    stored = await runtime.store.get_message(invocation.conversation_id, 3)
+    assert stored is not None and stored.message.content == "run 1"
 
 
 async def test_tool_result_stored_by_an_earlier_attempt_is_reused(runtime: Runtime) -> None:
