@@ -22,7 +22,8 @@ log = structlog.get_logger("activities.heartbeat")
 
 @contextlib.asynccontextmanager
 async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[None]:
-    """Heartbeat every ``every_s`` seconds inside the block (and await ``on_beat`` each time).
+    """Heartbeat every ``every_s`` seconds inside the block, the first after ``every_s`` (and await ``on_beat``
+    each time).
 
     A failing ``on_beat`` (the ledger lease renewal while the store restarts) is logged and
     tried again on the next beat: heartbeats never stop because of it, and its error never
@@ -47,10 +48,12 @@ async def heartbeating(every_s: float, on_beat: Callable[[], Awaitable[None]] | 
     async def beat() -> None:
         nonlocal pending
         while True:
+            # The first beat comes after ``every_s``, not at once: each is a call to the server, and most blocks
+            # (a model turn, a tool call) are over long before the server could miss one.
+            await asyncio.sleep(every_s)
             activity.heartbeat()
             if on_beat is not None and (pending is None or pending.done()):
                 pending = asyncio.create_task(callback())
-            await asyncio.sleep(every_s)
 
     task = asyncio.create_task(beat())
     try:

@@ -99,8 +99,13 @@ class ModelActivities:
     async def model(self, req: ModelRequest) -> ModelTurn:
         with telemetry.activity_context(step=req.turn, turn=req.turn, model=req.model):
             store = self._rt.store
-            run_id = activity.info().workflow_run_id or ""
-            found = await store.get_message(req.conversation_id, req.transcript_len)
+            info = activity.info()
+            run_id = info.workflow_run_id or ""
+            # A first attempt that appends nothing calls the model without looking for a stored reply first
+            # (one store round trip less per turn): its put is first-writer-wins, and the entry it returns
+            # says whether another run wrote there first (a reset run, which then goes on in a branch).
+            look_first = info.attempt > 1 or bool(req.append) or req.interruptible or req.budget is not None
+            found = await store.get_message(req.conversation_id, req.transcript_len) if look_first else None
             branch = await self._branch_after_reset(req, run_id, found)
             if branch:
                 req = req.model_copy(update={"conversation_id": branch})
@@ -135,6 +140,9 @@ class ModelActivities:
                 if req.output_schema_ref:
                     meta["output_schema"] = req.output_schema_ref  # keeps the schema alive while the run is kept
                 stored = await store.put_message(req.conversation_id, req.transcript_len, reply_message, meta)
+                if not look_first and (branch := await self._branch_after_reset(req, run_id, stored)):
+                    req = req.model_copy(update={"conversation_id": branch})
+                    stored = await store.put_message(branch, req.transcript_len, reply_message, meta)
             else:
                 log.info("model_turn_reused", position=req.transcript_len)
             self._rt.transcripts.remember(req.conversation_id, stored)

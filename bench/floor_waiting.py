@@ -3,6 +3,8 @@
 What a run waiting for an approval must cost at least on this SDK and server: a cached workflow
 instance in the (default) sandbox, blocked in ``wait_condition``; the ``decide`` update accepts, and
 the workflow schedules one activity that records when it started, as ``bench_effect`` does for ours.
+Started with ``model_turn=True`` it first runs one no-op "model" activity, as an agent run asks its
+model before it knows what to ask a human about (``bench.scale waiting``'s ``floor_turn``).
 
     python -m bench.floor_waiting --address HOST:PORT --task-queue Q --state-dir DIR [--max-cached N]
 """
@@ -38,13 +40,20 @@ async def floor_effect(workflow_id: str) -> str:
     return f"effect at {now:.6f}"
 
 
+@activity.defn(name="floor_model")
+async def floor_model(task: str) -> str:
+    return ""
+
+
 @workflow.defn(name="BenchWaitFloorWorkflow")
 class WaitFloorWorkflow:
     def __init__(self) -> None:
         self._approved = False
 
     @workflow.run
-    async def run(self, task: str) -> str:
+    async def run(self, task: str, model_turn: bool = False) -> str:
+        if model_turn:  # as an agent run does before it can ask: one model activity, whose answer names the call
+            await workflow.execute_activity(floor_model, task, start_to_close_timeout=timedelta(seconds=60))
         workflow.upsert_search_attributes([STATE.value_set("waiting_approval")])
         await workflow.wait_condition(lambda: self._approved)
         workflow.upsert_search_attributes([STATE.value_set("running")])
@@ -72,7 +81,7 @@ async def serve(args: argparse.Namespace) -> None:
         client,
         task_queue=args.task_queue,
         workflows=[WaitFloorWorkflow],
-        activities=[floor_effect],
+        activities=[floor_effect, floor_model],
         max_cached_workflows=args.max_cached,
     ):
         print(READY_LINE, flush=True)

@@ -250,6 +250,9 @@ RECORDED: dict[str, Scenario] = {
     # policy-re2-known-keys-v1; sub-agent definitions by digest): "subagents" keeps the run from before them.
     "subagents_bounded": subagents,
     "encrypted_approvals": approvals,  # with the test-only key ring
+    # "approvals" again, with the start patches as one marker (run-start-v2); "approvals" and "humans" keep
+    # the runs from before either start patch and from when each made its own marker.
+    "approvals_one_start_marker": approvals,
     "session": session,
     "session_continued": session_continued,
     "eval": eval_scenario,

@@ -33,7 +33,7 @@ class SendArgs(BaseModel):
 
 @tool("slow_send", description="A side effect that takes a few seconds.", args=SendArgs, side_effect=True)
 async def slow_send(args: SendArgs, ctx: ToolContext) -> str:
-    await asyncio.sleep(3.5)  # several heartbeats (and lease renewals) while it runs
+    await asyncio.sleep(4.5)  # several heartbeats (and lease renewals, one a second from the first) while it runs
     DELIVERED.append(args.message)
     return f"sent {args.message}"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
@@ -27,6 +28,9 @@ from tests.fakes.llm_server import FakeLLMServer, Scripted
 from workflows.agent import AgentWorkflow, RunInput
 from workflows.eval import EvalWorkflow
 from workflows.inputs import NO_PAYLOAD, one_payload
+from workflows.policy import STRICT_POLICY_PATCH
+from workflows.progress import SEARCH_ATTRIBUTES_PATCH
+from workflows.start_patch import RUN_START_PATCH
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -52,6 +56,7 @@ def test_there_are_recorded_histories() -> None:
         "fork",
         "mcp_tools",
         "encrypted_approvals",
+        "approvals_one_start_marker",
         "legacy_policy",
         "session",
         "session_continued",
@@ -114,3 +119,54 @@ async def test_every_test_worker_replays_what_it_ran(
     assert await replay_task_queue(dev_env.client, tq) == 1
     with pytest.raises(AssertionError, match="does not replay"):
         await replay_task_queue(dev_env.client, tq, workflows=[AgentWorkflowWithAnUnguardedTimer])
+
+
+async def test_a_new_run_records_one_start_marker_for_its_start_patches(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """``run-start-v2`` stands for the start-time patches: one marker and one ``TemporalChangeVersion``
+    upsert in a new run's first workflow task, where each patch made its own pair (recorded runs replay)."""
+    llm.enqueue(Scripted(tool_calls=[("always_fails", "{}")]))
+    llm.default = Scripted(text="done")
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_agent(dev_env.client, tq, task="one marker", policy={"rules": []})
+        assert (await handle.result()).status == "completed"
+    events = (await handle.fetch_history()).events
+    patches = [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert patches == [RUN_START_PATCH], patches
+    versions = [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+        and "TemporalChangeVersion"
+        in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    ]
+    assert len(versions) == 1
+    first_task_done = next(e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    marker = next(e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED)
+    assert marker.marker_recorded_event_attributes.workflow_task_completed_event_id == first_task_done
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("approvals", []),
+        ("humans", [STRICT_POLICY_PATCH, SEARCH_ATTRIBUTES_PATCH]),
+        ("approvals_one_start_marker", [RUN_START_PATCH]),
+    ],
+)
+def test_recorded_histories_hold_each_generation_of_start_markers(path: str, expected: list[str]) -> None:
+    """The replay above covers runs from before either start patch, with each its own marker, and with the one."""
+    events = load(Path(__file__).parent / "histories" / f"{path}.json").events
+    patches = [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert patches[: len(expected)] == expected and (expected or RUN_START_PATCH not in patches), patches

@@ -8,11 +8,13 @@ directly, twice, the way a retry after a lost completion would.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHandle, WorkflowHistory
@@ -21,7 +23,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from activities.model_turn import ModelActivities
 from activities.runtime import Runtime
 from activities.settings import ProviderEndpoint
-from activities.tools.activity import tool_activities
+from activities.tools.activity import run_invocation, tool_activities
+from activities.tools.spec import SPEC_ATTRIBUTE, ToolContext, ToolSpec, tool
 from tests.conftest import WorkerFactory, require_bwrap, start_agent, with_settings
 from tests.fakes.llm_server import FakeLLMServer, Scripted
 from tests.history_payloads import payloads
@@ -252,6 +255,93 @@ async def test_model_reply_stored_by_an_earlier_attempt_is_reused(runtime: Runti
     assert [c.name for c in first.tool_calls] == ["write_file"]
     stored = await runtime.store.get_message(request.conversation_id, 2)
     assert stored is not None and stored.message.tool_calls[0].name == "write_file"
+
+
+async def _opened(runtime: Runtime, conversation_id: str, run_id: str) -> list[Message]:
+    """The run's first two entries, stored as its first turn stores them."""
+    opening = [Message(role="system", content="be brief"), Message(role="user", content="write a")]
+    for seq, message in enumerate(opening):
+        await runtime.store.put_message(conversation_id, seq, message, {"run": run_id})
+    return opening
+
+
+def _attempt(env: ActivityEnvironment, attempt: int, run_id: str) -> ActivityEnvironment:
+    env.info = dataclasses.replace(env.info, attempt=attempt, workflow_run_id=run_id)
+    return env
+
+
+async def test_a_turn_that_appends_nothing_is_not_looked_up_first_and_its_retry_reuses_the_reply(
+    runtime: Runtime, llm: FakeLLMServer
+) -> None:
+    """A first attempt calls the model at once (no lookup); a retry (attempt 2) finds the reply it stored."""
+    llm.enqueue(Scripted(text="the first reply"), Scripted(text="a second, different reply"))
+    conversation_id = f"conv-{uuid.uuid4().hex[:8]}"
+    await _opened(runtime, conversation_id, "run-1")
+    request = ModelRequest(conversation_id=conversation_id, model="openai:test-model", turn=1, transcript_len=2)
+    activities = ModelActivities(runtime)
+    first = await _attempt(ActivityEnvironment(), 1, "run-1").run(activities.model, request)
+    second = await _attempt(ActivityEnvironment(), 2, "run-1").run(activities.model, request)
+    assert len(chat_requests(llm)) == 1, "the retry must not call the model again"
+    assert second == first and first.text == "the first reply" and not first.conversation_id
+    # Another first attempt of the same run at the same place (workflow code that asks again) is answered
+    # from the store all the same: the put keeps the first reply.
+    again = await _attempt(ActivityEnvironment(), 1, "run-1").run(activities.model, request)
+    assert again.text == "the first reply" and not again.conversation_id
+
+
+async def test_a_reset_runs_first_attempt_goes_on_in_a_branch_when_its_put_finds_another_runs_reply(
+    runtime: Runtime, llm: FakeLLMServer
+) -> None:
+    llm.enqueue(Scripted(text="the reset run's reply"))
+    conversation_id = f"conv-{uuid.uuid4().hex[:8]}"
+    await _opened(runtime, conversation_id, "run-old")
+    await runtime.store.put_message(
+        conversation_id, 2, Message(role="assistant", content="the old run's reply"), {"run": "run-old"}
+    )
+    request = ModelRequest(conversation_id=conversation_id, model="openai:test-model", turn=1, transcript_len=2)
+    turn = await _attempt(ActivityEnvironment(), 1, "run-new").run(ModelActivities(runtime).model, request)
+
+    assert len(chat_requests(llm)) == 1 and turn.text == "the reset run's reply"
+    assert turn.conversation_id.startswith(f"{conversation_id}~"), turn.conversation_id
+    branch = await runtime.store.transcript(turn.conversation_id)
+    assert [m.message.content for m in branch] == ["be brief", "write a", "the reset run's reply"]
+    assert branch[2].meta["run"] == "run-new"
+    kept = await runtime.store.get_message(conversation_id, 2)
+    assert kept is not None and kept.message.content == "the old run's reply", "the old future stays"
+
+
+class _Counted(BaseModel):
+    pass
+
+
+async def test_a_read_only_tools_retry_returns_the_entry_its_earlier_attempt_stored(runtime: Runtime) -> None:
+    """A read-only tool outside the sandbox is not looked up before it runs: its retry runs it again, and
+    the store's first-writer-wins put still returns the earlier attempt's result, so the run sees one."""
+    calls: list[int] = []
+
+    @tool("counted", description="Says how often it ran.", args=_Counted)
+    async def counted(args: _Counted, ctx: ToolContext) -> str:
+        calls.append(1)
+        return f"run {len(calls)}"
+
+    spec: ToolSpec = getattr(counted, SPEC_ATTRIBUTE)
+    invocation = ToolInvocation(
+        conversation_id=f"conv-ro-{uuid.uuid4().hex[:8]}",
+        workflow_id="wf-ro",
+        step=1,
+        call_id="call_1",
+        call_index=0,
+        seq=3,
+        tool="counted",
+        arguments={},
+        idempotency_key="ik_ro",
+    )
+    env = ActivityEnvironment()
+    first = await env.run(run_invocation, spec, runtime, invocation)
+    second = await env.run(run_invocation, spec, runtime, invocation)
+    assert first.ok and first.preview == "run 1" and second == first
+    stored = await runtime.store.get_message(invocation.conversation_id, 3)
+    assert stored is not None and stored.message.content == "run 1"
 
 
 async def test_tool_result_stored_by_an_earlier_attempt_is_reused(runtime: Runtime) -> None:

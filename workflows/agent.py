@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.run_failure import FAILING_STATUSES, run_failed_error
     from workflows.session import SessionBook, SessionHandlers
     from workflows.session_types import SessionCarry, SessionMessage, SessionOpenRequest, SessionOpenResult
+    from workflows.start_patch import start_patched
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
     from workflows.typed_output import failure_text, retry_instruction
@@ -222,9 +223,10 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         if too_large and workflow.patched(INPUT_SIZE_PATCH):
             raise _invalid_input(too_large)
         self._run_policy = _checked_policy(inp.policy, "policy")  # before any command: fail on the first task
-        # Decide the patch in the first activation, before any await: decided later, a query or
-        # stream poll arriving first can split the marker from its command across workflow tasks.
-        workflow.patched(SEARCH_ATTRIBUTES_PATCH)
+        # Decide the start patches in the first activation, before any await (the policy's above): decided
+        # later, a query or stream poll arriving first can split a marker from its command across workflow
+        # tasks. Recorded runs made their markers in this order; a new run makes only the first.
+        start_patched(SEARCH_ATTRIBUTES_PATCH)
         carry = inp.carry or await self._fresh_carry(inp)
         self._carry = carry
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model

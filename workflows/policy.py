@@ -58,6 +58,7 @@ from temporalio import workflow
 from workflows.human_types import MAX_QUORUM
 from workflows.known_keys import TOLERATE_UNKNOWN, KnownKeys
 from workflows.patterns import Pattern, PatternError
+from workflows.start_patch import start_patched
 
 Verdict = Literal["allow", "ask", "deny"]
 _STRICTNESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
@@ -249,7 +250,7 @@ def parse_run_policy(raw: dict[str, Any]) -> Policy | None:
     In workflow code this decides ``STRICT_POLICY_PATCH`` (the first call is in the run's first activation,
     before any command): a run recorded before it keeps Python's ``re`` and ignores unknown keys, as it did.
     """
-    strict = not workflow.in_workflow() or workflow.patched(STRICT_POLICY_PATCH)
+    strict = not workflow.in_workflow() or start_patched(STRICT_POLICY_PATCH)
     if not raw:
         return None
     if strict:

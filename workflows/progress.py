@@ -17,6 +17,8 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
+from workflows.start_patch import start_patched
+
 EventKind = Literal[
     "started",
     "turn_started",
@@ -122,7 +124,7 @@ class Reporter:
         self, enabled: bool, *, state: str, pending: int, tenant: str, model: str, cost_usd: float
     ) -> None:
         """Upsert only changed values; runs recorded before this existed replay without upserts."""
-        if not enabled or not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+        if not enabled or not start_patched(SEARCH_ATTRIBUTES_PATCH):
             return
         values = (state, pending, tenant, model, round(cost_usd, 6))
         if values == self._published:

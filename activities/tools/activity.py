@@ -87,11 +87,15 @@ async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) 
 
 async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> ToolOutcome:
     store = runtime.store
-    done = await store.get_message(inv.conversation_id, inv.seq)
-    if done is not None:
-        # With the workspace checkpoint it left: a reset run that reuses it restores that workspace next.
-        log.info("tool_result_reused", position=inv.seq)
-        return outcome_of(done.message, done.meta)
+    # A read-only tool outside the sandbox is cheaper to run again than to look for first: its result is
+    # put first-writer-wins, so a retry (or a reset run) whose position an earlier attempt wrote returns
+    # that entry all the same. Tools with effects, in the sandbox, or resolved by a human look first.
+    if spec.ledgered or spec.uses_sandbox or inv.resolution:
+        done = await store.get_message(inv.conversation_id, inv.seq)
+        if done is not None:
+            # With the workspace checkpoint it left: a reset run that reuses it restores that workspace next.
+            log.info("tool_result_reused", position=inv.seq)
+            return outcome_of(done.message, done.meta)
     workspace = Workspace(runtime, inv) if spec.uses_sandbox and inv.checkpoints else None
     execute = functools.partial(_execute, workspace=workspace)
     if inv.resolution in ("mark_done", "fail"):

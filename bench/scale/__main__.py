@@ -84,6 +84,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--workers", type=int, default=3)
     f.add_argument("--rate", type=int, default=100)
     f.add_argument("--top", type=int, default=40)
+    f.add_argument("--only", choices=["ours", "floor"], default="ours", help="whose workers to profile")
     f.add_argument("--raw", type=Path, default=None, help="py-spy raw output (default bench/results/...raw.txt)")
     f.add_argument("--summarise-only", action="store_true", help="summarise an existing --raw file")
 

@@ -25,12 +25,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.runtime import TelemetryConfig
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.runtime import Runtime
 from activities.settings import ExtensionSettings, SandboxSettings, Settings
 from bench.fixtures_floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.fixtures_scale import BLOB_TOOL
+from durable_agents.plugin import share_workflow_module
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, AgentResult, Limits
@@ -175,6 +177,22 @@ def cpu_meter(into: dict[str, list[float]]) -> Iterator[None]:
     finally:
         into.setdefault("process", []).append(time.process_time() - process)
         into.setdefault("server", []).append(server_cpu_s() - server)
+
+
+async def replay_cpu_s(chain: Sequence[WorkflowHistory], ours: bool, repeat: int = 3) -> float:
+    """CPU seconds (median of ``repeat``) this process spends replaying ``chain``: the workflow side of a run
+    (activations in the sandbox, payload conversion) without the server, the activities or the network.
+    Ours replays in the sandbox our worker uses (its modules passed through), the floor in the default one."""
+    workflows: list[type] = [AgentWorkflow] if ours else [FloorWorkflow]
+    runner = share_workflow_module(None) if ours else SandboxedWorkflowRunner()
+    replayer = Replayer(workflows=workflows, workflow_runner=runner, data_converter=pydantic_data_converter)
+    spent: list[float] = []
+    for _ in range(repeat):
+        began = time.process_time()
+        for history in chain:
+            await replayer.replay_workflow(history, raise_on_replay_failure=True)
+        spent.append(time.process_time() - began)
+    return median(spent)
 
 
 def queue(prefix: str) -> str:

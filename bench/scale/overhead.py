@@ -18,6 +18,7 @@ from bench.scale.common import (
     our_workers,
     ours_settings,
     queue,
+    replay_cpu_s,
     run_floor,
     run_ours,
 )
@@ -50,8 +51,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                             wid, rid, wall = await run_ours(client, ours_q, turns, args.kb)
                         ours_s.append(wall)
                         last["ours"] = (wid, rid)
-                    ours_h = history_stats(await histories(client, *last["ours"]))
-                    floor_h = history_stats(await histories(client, *last["floor"]))
+                    ours_chain = await histories(client, *last["ours"])
+                    floor_chain = await histories(client, *last["floor"])
+                    ours_h, floor_h = history_stats(ours_chain), history_stats(floor_chain)
+                    replay = {
+                        "ours": round(1000 * await replay_cpu_s(ours_chain, ours=True) / turns, 2),
+                        "floor": round(1000 * await replay_cpu_s(floor_chain, ours=False) / turns, 2),
+                    }
                     ratio = median(ours_s) / median(floor_s)
                     rows.append(
                         {
@@ -70,6 +76,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                                 side: {part: round(1000 * median(values) / turns, 2) for part, values in parts.items()}
                                 for side, parts in cpu.items()
                             },
+                            # The workflow side alone: CPU ms per turn to replay the last run's history.
+                            "replay_cpu_ms_per_turn": replay,
                             "ours_history": ours_h,
                             "floor_history": floor_h,
                             "target_met": ratio <= TARGET_RATIO,
@@ -80,7 +88,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         f"turns {turns:4d}: ours {median(ours_s):7.2f} s, floor {median(floor_s):7.2f} s, "
                         f"ratio {ratio:.2f}x ({rows[-1]['extra_ms_per_turn']:+.1f} ms/turn); CPU ms/turn "
                         f"process {per_turn['ours']['process']} vs {per_turn['floor']['process']}, "
-                        f"server {per_turn['ours']['server']} vs {per_turn['floor']['server']}"
+                        f"server {per_turn['ours']['server']} vs {per_turn['floor']['server']}, "
+                        f"replay {replay['ours']} vs {replay['floor']}"
                     )
     fit = _fixed_and_per_turn(rows)
     return {

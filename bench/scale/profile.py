@@ -1,4 +1,5 @@
-"""``profile``: py-spy samples of our workers under ``throughput`` (ours only), summarised by where time goes."""
+"""``profile``: py-spy samples of the workers under ``throughput`` (ours, or the floor's with ``--only floor``),
+summarised by where time goes; the same categories for both, so that their difference shows what ours adds."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         child_out = raw.with_suffix(".throughput.json")
         command = [
             py_spy, "record", "--format", "raw", "--rate", str(args.rate), "--threads", "--output", str(raw), "--",
-            sys.executable, "-m", "bench.scale", "throughput", "--only", "ours", "--rounds", "1",
+            sys.executable, "-m", "bench.scale", "throughput", "--only", args.only, "--rounds", "1",
             "--runs", str(args.runs), "--turns", str(args.turns), "--workers", str(args.workers),
             "--out", str(child_out),
         ]  # fmt: skip
@@ -117,7 +118,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "bench": "profile",
         "what": f"py-spy record --rate {args.rate} (wall-clock samples of non-idle threads) of one process "
-        f"running `throughput --only ours` ({args.runs} runs x {args.turns} turns, {args.workers} in-process "
+        f"running `throughput --only {args.only}` ({args.runs} runs x {args.turns} turns, {args.workers} in-process "
         "workers, plus the bench's own client); "
         "shares are of busy samples (idle waits excluded: idle_samples_excluded); "
         "a category counts a sample when any "
