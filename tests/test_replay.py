@@ -8,12 +8,14 @@ docs/concepts.md, "Changing the workflow safely"); do not re-record to make this
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
@@ -121,6 +123,16 @@ async def test_every_test_worker_replays_what_it_ran(
         await replay_task_queue(dev_env.client, tq, workflows=[AgentWorkflowWithAnUnguardedTimer])
 
 
+def _patch_ids(events: Sequence[HistoryEvent]) -> list[str]:
+    """The ids of the patch markers in ``events``, in order."""
+    return [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+
+
 async def test_a_new_run_records_one_start_marker_for_its_start_patches(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:
@@ -132,12 +144,7 @@ async def test_a_new_run_records_one_start_marker_for_its_start_patches(
         handle = await start_agent(dev_env.client, tq, task="one marker", policy={"rules": []})
         assert (await handle.result()).status == "completed"
     events = (await handle.fetch_history()).events
-    patches = [
-        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    ]
+    patches = _patch_ids(events)
     assert patches == [RUN_START_PATCH], patches
     versions = [
         e
@@ -163,10 +170,5 @@ async def test_a_new_run_records_one_start_marker_for_its_start_patches(
 def test_recorded_histories_hold_each_generation_of_start_markers(path: str, expected: list[str]) -> None:
     """The replay above covers runs from before either start patch, with each its own marker, and with the one."""
     events = load(Path(__file__).parent / "histories" / f"{path}.json").events
-    patches = [
-        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    ]
+    patches = _patch_ids(events)
     assert patches[: len(expected)] == expected and (expected or RUN_START_PATCH not in patches), patches

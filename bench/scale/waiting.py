@@ -239,17 +239,13 @@ def _report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[s
         "systems": rows,
         "target": "ours against the floor: " + ", ".join(f"{k} <= {v}x" for k, v in TARGET_RATIOS.items()),
     }
-    ours = rows.get("ours")
-    for name in ("floor", "floor_turn"):
-        floor = rows.get(name)
-        if ours is None or floor is None:
-            continue
-        ratios = _ratios(ours, floor)
-        report["ratios" if name == "floor" else "ratios_vs_floor_turn"] = ratios
-        if name == "floor":
-            complete = ours["approvals"]["tool_started"] == ours["approvals"]["sent"]
-            met = {key: ratios[key] <= limit for key, limit in TARGET_RATIOS.items()}
-            report["target_met"] = {**met, "all_started": complete}
+    ours, floor, floor_turn = rows.get("ours"), rows.get("floor"), rows.get("floor_turn")
+    if ours is not None and floor is not None:
+        ratios = report["ratios"] = _ratios(ours, floor)
+        met = {key: ratios[key] <= limit for key, limit in TARGET_RATIOS.items()}
+        report["target_met"] = {**met, "all_started": ours["approvals"]["tool_started"] == ours["approvals"]["sent"]}
+    if ours is not None and floor_turn is not None:
+        report["ratios_vs_floor_turn"] = _ratios(ours, floor_turn)
     return report
 
 
