@@ -259,6 +259,46 @@ def history_stats(chain: Sequence[WorkflowHistory]) -> dict[str, int]:
     }
 
 
+def phase_ms(chain: Sequence[WorkflowHistory]) -> dict[str, float]:
+    """Median milliseconds of each phase of a step, from the server's event times.
+
+    ``wft_wait``: a workflow task from scheduled to picked up; ``wft_work``: from picked up to completed
+    (the worker's activation, its payload visits and the round trip). ``model_*`` / ``tool_*``: the
+    activities named like a model call (``model`` in the type) and the others: ``wait`` from scheduled to
+    started, ``work`` from started to completed (the activity and its completion round trip).
+    """
+    spans: dict[str, list[float]] = {}
+    opened: dict[int, tuple[str, float]] = {}
+    task_at: dict[str, float] = {}
+
+    def at(event: Any) -> float:
+        return float(event.event_time.seconds) + float(event.event_time.nanos) / 1e9
+
+    for event in (e for h in chain for e in h.events):
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            task_at["scheduled"] = at(event)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and "scheduled" in task_at:
+            spans.setdefault("wft_wait", []).append(at(event) - task_at["scheduled"])
+            task_at["started"] = at(event)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and "started" in task_at:
+            spans.setdefault("wft_work", []).append(at(event) - task_at["started"])
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            opened[event.event_id] = ("model" if "model" in name else "tool", at(event))
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            scheduled = event.activity_task_started_event_attributes.scheduled_event_id
+            if scheduled in opened:
+                side, when = opened[scheduled]
+                spans.setdefault(f"{side}_wait", []).append(at(event) - when)
+                opened[-scheduled] = (side, at(event))
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            started = opened.get(-event.activity_task_completed_event_attributes.scheduled_event_id)
+            if started is not None:
+                spans.setdefault(f"{started[0]}_work", []).append(at(event) - started[1])
+    return {name: round(1000 * median(values), 2) for name, values in sorted(spans.items())}
+
+
 def pct(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) by nearest rank; 0 for no values."""
     if not values:

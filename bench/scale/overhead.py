@@ -17,6 +17,7 @@ from bench.scale.common import (
     median,
     our_workers,
     ours_settings,
+    phase_ms,
     queue,
     replay_cpu_s,
     run_floor,
@@ -78,6 +79,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                             },
                             # The workflow side alone: CPU ms per turn to replay the last run's history.
                             "replay_cpu_ms_per_turn": replay,
+                            # Where a step's time goes (median ms per phase, the last run of each):
+                            # the server's event times, so both sides are timed the same way.
+                            "phase_ms": {"ours": phase_ms(ours_chain), "floor": phase_ms(floor_chain)},
                             "ours_history": ours_h,
                             "floor_history": floor_h,
                             "target_met": ratio <= TARGET_RATIO,
@@ -90,6 +94,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         f"process {per_turn['ours']['process']} vs {per_turn['floor']['process']}, "
                         f"server {per_turn['ours']['server']} vs {per_turn['floor']['server']}, "
                         f"replay {replay['ours']} vs {replay['floor']}"
+                    )
+                    phases = rows[-1]["phase_ms"]
+                    print(
+                        "  phase ms (ours vs floor): "
+                        + ", ".join(f"{k} {v} vs {phases['floor'].get(k, '-')}" for k, v in phases["ours"].items())
                     )
     fit = _fixed_and_per_turn(rows)
     return {
