@@ -68,6 +68,7 @@ from activities.tools.registry import ToolRegistry
 from durable_agents.health import HealthServer, WorkerHealth
 from durable_agents.reaping import reap_forever
 from durable_agents.search_attributes import ensure_search_attributes
+from durable_agents.workflow_runner import DirectContextSandboxedWorkflowRunner
 from workflows.agent import AgentWorkflow
 from workflows.eval import EvalWorkflow
 from workflows.scheduled_message import ScheduledMessageWorkflow
@@ -106,12 +107,31 @@ def share_workflow_module(runner: WorkflowRunner | None) -> WorkflowRunner:
     instance), and its code objects were most of what a cached run cost beyond a bare workflow
     (~190 KB each). The sandbox's runtime restrictions (no I/O, no clocks, no threads) still apply
     to its code, as they do to the ``workflows`` modules it already imports passed through.
+
+    The SDK's own runner becomes :class:`~durable_agents.workflow_runner.DirectContextSandboxedWorkflowRunner`
+    (the same sandbox, without its per-payload re-entry to answer context asks).
     """
     runner = runner if runner is not None else SandboxedWorkflowRunner()
     if not isinstance(runner, SandboxedWorkflowRunner):  # an embedding application chose otherwise
         return runner
     modules = (WORKFLOW_MODULE, *own_modules(), *PASSED_THROUGH_LIBRARIES)
-    return dataclasses.replace(runner, restrictions=runner.restrictions.with_passthrough_modules(*modules))
+    restrictions = runner.restrictions.with_passthrough_modules(*modules)
+    if type(runner) is SandboxedWorkflowRunner:  # a subclass of the user's keeps its own class
+        return DirectContextSandboxedWorkflowRunner(restrictions=restrictions, runner_class=runner.runner_class)
+    return dataclasses.replace(runner, restrictions=restrictions)
+
+
+def _never_started(worker: Worker) -> None:
+    """Mark a worker that stops before its polling starts as shut down.
+
+    ``Worker.shutdown()`` (and so the exit of ``async with Worker(...)``) waits for an event that only the
+    SDK's own run sets, once polling has started or failed; a plugin raising before that would leave the
+    caller waiting forever instead of seeing the error. The event is private: if a release renames it,
+    the error still reaches ``Worker.run()`` callers.
+    """
+    done = getattr(worker, "_shutdown_complete_event", None)
+    if isinstance(done, asyncio.Event):
+        done.set()
 
 
 def all_activities(runtime: Runtime) -> list[Callable[..., Any]]:
@@ -204,9 +224,13 @@ class DurableAgentsPlugin(SimplePlugin):
         health server while it runs, the runtime closed after. A failed check (or a health port that cannot be
         bound) raises ``ConfigurationError`` from ``Worker.run``."""
         client = worker.client
-        await self.check()  # a store or sandbox that cannot work stops the worker before it polls
-        if self._search_attributes and not self.runtime.search_attributes_ready:
-            self.runtime.search_attributes_ready = await ensure_search_attributes(client)
+        try:
+            await self.check()  # a store or sandbox that cannot work stops the worker before it polls
+            if self._search_attributes and not self.runtime.search_attributes_ready:
+                self.runtime.search_attributes_ready = await ensure_search_attributes(client)
+        except BaseException:
+            _never_started(worker)
+            raise
         reaper = (
             asyncio.create_task(
                 reap_forever(

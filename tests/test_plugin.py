@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.settings import SandboxSettings, Settings
+from activities.settings import ConfigurationError, SandboxSettings, Settings, WorkerSettings
 from durable_agents import DurableAgentsPlugin
 from durable_agents.plugin import share_workflow_module
+from durable_agents.workflow_runner import DirectContextSandboxedWorkflowRunner
 from tests.waiting import eventually
 
 
@@ -59,10 +61,36 @@ async def test_workers_share_the_agent_workflow_module_across_runs(
     plugin = DurableAgentsPlugin(settings, reaper=False, search_attributes=False)
     worker = Worker(dev_env.client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", plugins=[plugin])
     runner = worker.config(active_config=True)["workflow_runner"]
-    assert isinstance(runner, SandboxedWorkflowRunner)
+    assert isinstance(runner, DirectContextSandboxedWorkflowRunner)
     assert "workflows.agent" in runner.restrictions.passthrough_modules
     # Every other restriction is the default sandbox's.
     assert runner.restrictions.invalid_module_members == SandboxRestrictions.default.invalid_module_members
     # An application that chose to run its workflows unsandboxed keeps its choice.
     own = UnsandboxedWorkflowRunner()
     assert share_workflow_module(own) is own
+    # A sandbox subclass of the application's keeps its class (and its overrides), with the modules shared.
+    custom = share_workflow_module(_CustomSandbox())
+    assert type(custom) is _CustomSandbox
+    assert "workflows.agent" in custom.restrictions.passthrough_modules
+
+
+@dataclass(frozen=True)
+class _CustomSandbox(SandboxedWorkflowRunner):
+    """An application's own sandbox runner."""
+
+
+async def test_a_worker_whose_runtime_cannot_work_raises_from_async_with(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    # A SQLite store where a shared one is required fails the plugin's check, before the worker polls.
+    broken = replace(settings, worker=WorkerSettings(require_shared_store=True))
+    plugin = DurableAgentsPlugin(broken, reaper=False, search_attributes=False)
+    body_ran_to_end = False
+    with pytest.raises(ConfigurationError, match="AGENT_REQUIRE_SHARED_STORE"):
+        async with Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]):
+            await asyncio.Event().wait()  # only the worker's failure ends this (by cancelling it)
+            body_ran_to_end = True
+    assert not body_ran_to_end
+    # Worker.run() callers see the same error.
+    with pytest.raises(ConfigurationError, match="AGENT_REQUIRE_SHARED_STORE"):
+        await Worker(dev_env.client, task_queue=f"plugin-{uuid.uuid4().hex[:8]}", plugins=[plugin]).run()
