@@ -8,8 +8,10 @@ Temporal retry behaviour. Error messages never contain the API key.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC
 from typing import Any, Protocol, cast
@@ -70,13 +72,33 @@ class CappedProvider(Protocol):
     ) -> ProviderReply: ...
 
 
+# Per ``complete`` function: a signature costs ~20 µs to read, and every model turn asks.
+_TAKES_OUTPUT_CAP: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def takes_output_cap(provider: object) -> bool:
-    """Whether ``provider.complete`` accepts ``max_output_tokens`` (by name, or through ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(provider.complete).parameters  # type: ignore[attr-defined]
-    except (AttributeError, TypeError, ValueError):
+    """Whether ``provider.complete`` accepts ``max_output_tokens`` (by name, or through ``**kwargs``).
+
+    The answer is remembered per function (for a bound method, per class method), so a provider whose
+    class defines ``complete`` is inspected once; a ``complete`` that cannot be weakly referenced is
+    inspected every time.
+    """
+    method = getattr(provider, "complete", None)
+    if method is None:
         return False
-    return "max_output_tokens" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    function = getattr(method, "__func__", method)
+    try:
+        return _TAKES_OUTPUT_CAP[function]
+    except (KeyError, TypeError):
+        pass
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    answer = "max_output_tokens" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    with contextlib.suppress(TypeError):  # not weakly referenceable: asked again next time
+        _TAKES_OUTPUT_CAP[function] = answer
+    return answer
 
 
 async def complete_capped(
