@@ -222,7 +222,7 @@ class DurableAgentsPlugin(SimplePlugin):
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Around each worker: the runtime checked and search attributes registered once, the reaper and the
         health server while it runs, the runtime closed after. A failed check (or a health port that cannot be
-        bound) raises ``ConfigurationError`` from ``Worker.run``."""
+        bound) raises ``ConfigurationError`` from ``Worker.run`` and out of ``async with Worker(...)``."""
         client = worker.client
         try:
             await self.check()  # a store or sandbox that cannot work stops the worker before it polls

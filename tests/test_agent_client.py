@@ -121,7 +121,7 @@ async def test_start_status_pending_decide_result(
             await agents.decide(ref.workflow_id, "ap_nope", "approve", reviewer="alice")
         assert sink.writes() == []
         message = await agents.decide(ref.workflow_id, item.approval_id, "approve", reviewer="alice")
-        assert item.approval_id in message, message  # the run says what took effect
+        assert item.approval_id in message, message  # the run names the decision it applied
         result = await agents.result(ref.workflow_id)
         assert result.status == "completed" and result.output.startswith("order 7:"), result
         assert [w.path for w in sink.writes()] == ["/orders/7"]  # signed (the worker requires it) and run once
