@@ -29,7 +29,7 @@ from activities.sandbox.local.bwrap import bound_host_paths, require_bwrap
 from activities.settings import ConfigurationError, Settings
 from activities.store import RunStore, open_store
 from activities.store.factory import display_url
-from activities.store.transcript_cache import TranscriptCache
+from activities.store.transcript_cache import TranscriptCache, conversations_for
 from activities.streaming import DeltaChannel, open_channel
 from activities.subagents import load_subagents
 from activities.tenant_secrets import secrets_dir_problem
@@ -116,7 +116,8 @@ class Runtime:
     def transcripts(self) -> TranscriptCache:
         """Transcript prefixes this worker read or wrote, shared by the model and tool activities."""
         if self._transcripts is None:
-            self._transcripts = TranscriptCache(self.store)
+            bound = conversations_for(self.settings.worker.max_cached_workflows)
+            self._transcripts = TranscriptCache(self.store, max_conversations=bound)
         return self._transcripts
 
     def sandbox_backend(self) -> SandboxBackend:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from activities.runtime import Runtime
+from activities.settings import Settings, WorkerSettings
 from activities.store import RunStore, StoreError
 from activities.store.base import StoredMessage
-from activities.store.transcript_cache import TranscriptCache
+from activities.store.transcript_cache import (
+    DEFAULT_MAX_CONVERSATIONS,
+    MIN_CONVERSATIONS,
+    TranscriptCache,
+    conversations_for,
+)
 from tests.test_store_transcripts import fill
 from workflows.types import Message
 
@@ -105,3 +113,24 @@ async def test_the_bound_evicts_the_least_recently_used_conversation(store: RunS
     assert contents(await cache.messages("big", 5)) == [str(i) for i in range(5)]
     assert "big" not in cache._prefixes
     assert cache.chars <= 4 * one_entry
+
+
+def test_a_workers_conversation_bound_follows_its_workflow_cache() -> None:
+    assert conversations_for(500) == 1000
+    assert conversations_for(0) == MIN_CONVERSATIONS
+    assert conversations_for(100_000) == DEFAULT_MAX_CONVERSATIONS
+
+
+@pytest.mark.parametrize("cached_workflows", [0, 40])
+async def test_a_runtime_keeps_no_more_conversations_than_its_bound(settings: Settings, cached_workflows: int) -> None:
+    runtime = Runtime.from_settings(replace(settings, worker=WorkerSettings(max_cached_workflows=cached_workflows)))
+    try:
+        bound = conversations_for(cached_workflows)
+        for n in range(bound + 5):
+            await fill(runtime.store, f"c{n}", range(1))
+            await runtime.transcripts.messages(f"c{n}", 1)
+        assert len(runtime.transcripts) == bound
+        # The least recently used went first; the newest are still held.
+        assert "c0" not in runtime.transcripts._prefixes and f"c{bound + 4}" in runtime.transcripts._prefixes
+    finally:
+        await runtime.aclose()

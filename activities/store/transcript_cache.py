@@ -9,7 +9,9 @@ nothing here assumes this worker saw the run before.
 
 The cache is bounded by characters held (plus a per-entry allowance for the objects) and by
 conversations; the least recently used conversation goes first. A conversation larger than the
-whole bound is never cached (it is read as before).
+whole bound is never cached (it is read as before). A worker sizes the conversation bound from its
+workflow cache (:func:`conversations_for`): a run whose workflow the worker no longer caches is
+parked (on a human, a timer or a message), and keeping its transcript too would only hold memory.
 """
 
 from __future__ import annotations
@@ -22,8 +24,22 @@ from workflows.types import Message
 
 DEFAULT_MAX_CHARS = 32 * 1024 * 1024
 DEFAULT_MAX_CONVERSATIONS = 4096
+# Floor of the worker's bound, for a worker that caches few or no workflows (each of its runs still
+# reads its transcript once per turn).
+MIN_CONVERSATIONS = 64
 _ENTRY_OVERHEAD_CHARS = 512  # a message object's memory besides its text, roughly
 PAGE = 1000
+
+
+def conversations_for(max_cached_workflows: int) -> int:
+    """The conversation bound of a worker caching ``max_cached_workflows`` workflows: twice that, at least
+    :data:`MIN_CONVERSATIONS`, at most :data:`DEFAULT_MAX_CONVERSATIONS`.
+
+    Twice, because a run's model and tool activities may run on a worker other than the one caching its
+    workflow. At the default cache of 500 this holds 1,000 conversations: in ``bench.scale waiting``
+    (10,000 runs parked on approvals) the 4,096 it held before were ~3 KB each of parked runs' transcripts.
+    """
+    return max(MIN_CONVERSATIONS, min(DEFAULT_MAX_CONVERSATIONS, 2 * max_cached_workflows))
 
 
 def _size(message: Message) -> int:
