@@ -10,8 +10,8 @@ nothing here assumes this worker saw the run before.
 The cache is bounded by characters held (plus a per-entry allowance for the objects) and by
 conversations; the least recently used conversation goes first. A conversation larger than the
 whole bound is never cached (it is read as before). A worker sizes the conversation bound from its
-workflow cache (:func:`conversations_for`): a run whose workflow the worker no longer caches is
-parked (on a human, a timer or a message), and keeping its transcript too would only hold memory.
+workflow cache (:func:`conversations_for`): a run out of the worker's workflow cache is parked
+(on a human, a timer or a message), and keeping its transcript too would only hold memory.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def conversations_for(max_cached_workflows: int) -> int:
     :data:`MIN_CONVERSATIONS`, at most :data:`DEFAULT_MAX_CONVERSATIONS`.
 
     Twice, because a run's model and tool activities may run on a worker other than the one caching its
-    workflow. At the default cache of 500 this holds 1,000 conversations: in ``bench.scale waiting``
-    (10,000 runs parked on approvals) the 4,096 it held before were ~3 KB each of parked runs' transcripts.
+    workflow. At the default cache of 500 this holds 1,000 conversations; in ``bench.scale waiting``
+    (10,000 runs parked on approvals) a parked run's transcript is ~3 KB.
     """
     return max(MIN_CONVERSATIONS, min(DEFAULT_MAX_CONVERSATIONS, 2 * max_cached_workflows))
 
