@@ -198,8 +198,8 @@ class PostgresRunStore(PostgresErasure):
         """A pooled connection; every call goes through here, so this is where outages are told apart.
 
         ``StoreUnavailable`` for a connection-level failure (counted by the outage monitor), ``StoreError``
-        for any other operational error (a deadlock, a cancelled statement); a call that gets through
-        ends an outage.
+        for any other operational error (a deadlock, a cancelled statement); a call that began after an
+        outage opened and gets through ends it.
         """
         began = time.monotonic()
         pool = await self._ready()
@@ -213,7 +213,7 @@ class PostgresRunStore(PostgresErasure):
             if is_unavailable(exc, conn):
                 raise self._unavailable("run store unavailable", exc, began) from None
             raise self._error("run store error", exc) from None
-        self._monitor.succeeded()
+        self._monitor.succeeded(began)
 
     def connection(self) -> AbstractAsyncContextManager[Connection]:
         """A pooled connection (schema migrated, outages told apart) for what shares this database (memory)."""

@@ -105,7 +105,7 @@ class SQLiteRunStore(SQLiteErasure):
                 raise self._unavailable(exc, began) from None
             raise
         if write:
-            self._monitor.succeeded()
+            self._monitor.succeeded(began)
         return result
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
