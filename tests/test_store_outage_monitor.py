@@ -8,6 +8,8 @@ failure of the same outage would open, and warn about, a second one.
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog.testing
 
@@ -15,7 +17,7 @@ from activities.store import StoreUnavailable
 from activities.store.outage import OutageMonitor
 
 
-def _names(events: list[dict[str, object]]) -> list[object]:
+def _names(events: list[MutableMapping[str, Any]]) -> list[Any]:
     return [e["event"] for e in events if str(e["event"]).startswith("store_")]
 
 
