@@ -7,7 +7,8 @@ docs/reference/configuration.md): ``TEMPORAL_ADDRESS``,
 ``AGENT_PROVIDER_MODULES``, ...; worker tuning: ``AGENT_MAX_CACHED_WORKFLOWS``,
 ``AGENT_MAX_CONCURRENT_ACTIVITIES``, ``AGENT_MAX_CONCURRENT_WORKFLOW_TASKS``; deployment:
 ``AGENT_REQUIRE_SHARED_STORE`` (refuse a SQLite run store), ``AGENT_HEALTH_PORT``
-(``/healthz`` and ``/readyz``); observability: ``AGENT_LOG_LEVEL``,
+(``/healthz`` and ``/readyz``), ``AGENT_HEAP_TRIM_INTERVAL_S`` (freed heap given back);
+observability: ``AGENT_LOG_LEVEL``,
 ``AGENT_METRICS_PORT`` (Prometheus), ``OTEL_TRACES_EXPORTER`` /
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_SERVICE_NAME``. A bad configuration is one
 line on stderr and exit code 2.
@@ -29,6 +30,7 @@ from activities.settings import ConfigurationError, Settings
 from activities.store.factory import display_url
 from durable_agents import logs, telemetry
 from durable_agents.client import TemporalUnavailable, connect, exit_process
+from durable_agents.heap import HeapTrimmer, trim_heap_forever
 from durable_agents.plugin import DurableAgentsPlugin
 
 log = structlog.get_logger("worker")
@@ -92,12 +94,17 @@ async def _serve(settings: Settings) -> int:
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         **settings.worker.options(),
     )
+    interval = settings.worker.heap_trim_interval_s
+    trimmer = asyncio.create_task(trim_heap_forever(interval), name="heap-trimmer") if interval > 0 else None
     try:
         async with worker:
             await _run_until_stopped(worker, plugin, settings, client, stop)
     except ConfigurationError as exc:  # raised around the worker's start, e.g. a health port already in use
         log.error("bad_configuration", error=str(exc))
         return 2
+    finally:
+        if trimmer is not None:
+            trimmer.cancel()
     log.info("worker_stopped")
     return 0
 
@@ -119,6 +126,7 @@ async def _run_until_stopped(
         tracing=telemetry.tracing_enabled(),
         metrics_port=settings.observability.metrics_port,
         health_port=settings.worker.health_port,
+        heap_trim_s=settings.worker.heap_trim_interval_s if HeapTrimmer().available else "unavailable",
         # What the worker actually runs with (AGENT_MAX_*), read back from its configuration.
         **{name: worker.config().get(name) for name in settings.worker.options()},
     )

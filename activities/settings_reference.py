@@ -371,6 +371,13 @@ VARIABLES: tuple[Variable, ...] = (
         "worker.max_concurrent_workflow_tasks",
     ),
     Variable("AGENT_HEALTH_PORT", WORKER, "Serve `/healthz` and `/readyz` on `0.0.0.0:N`.", "worker.health_port"),
+    Variable(
+        "AGENT_HEAP_TRIM_INTERVAL_S",
+        WORKER,
+        "How often `worker.py` gives freed heap back to the OS when more than 16 MB of it is free "
+        "(glibc's `malloc_trim`; 0: never).",
+        "worker.heap_trim_interval_s",
+    ),
     # --- Logs, metrics and traces
     Variable(
         "AGENT_LOG_LEVEL",

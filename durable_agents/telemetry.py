@@ -28,78 +28,22 @@ metrics (and the ``agent_*`` counters recorded by the activities through
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SimpleSpanProcessor,
-    SpanExporter,
-)
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import Link, SpanKind
-from opentelemetry.trace.span import TraceState
-from opentelemetry.util.types import Attributes
-from temporalio.contrib.opentelemetry import OpenTelemetryPlugin, ReplaySafeTracerProvider, create_tracer_provider
 from temporalio.plugin import SimplePlugin
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.settings import ObservabilitySettings
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
+
 log = structlog.get_logger("telemetry")
 
-# Read-only chatter that would otherwise make a root trace per call: status queries and progress-stream polls.
-_QUIET_SPANS = ("QueryWorkflow:", "HandleQuery:")
-_QUIET_MARKERS = ("__temporal_workflow_stream_poll", "__temporal_workflow_stream_offset")
-
 _provider: ReplaySafeTracerProvider | None = None
-
-
-class QuietSampler(Sampler):
-    """Parent-based always-on, except for spans of queries and progress-stream polls (never recorded)."""
-
-    def __init__(self) -> None:
-        self._delegate = ParentBased(ALWAYS_ON)
-
-    def should_sample(
-        self,
-        parent_context: Context | None,
-        trace_id: int,
-        name: str,
-        kind: SpanKind | None = None,
-        attributes: Attributes = None,
-        links: Sequence[Link] | None = None,
-        trace_state: TraceState | None = None,
-    ) -> SamplingResult:
-        if name.startswith(_QUIET_SPANS) or any(marker in name for marker in _QUIET_MARKERS):
-            return SamplingResult(Decision.DROP)
-        return self._delegate.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
-
-    def get_description(self) -> str:
-        return "QuietSampler{ParentBased{AlwaysOn}; drops queries and stream polls}"
-
-
-def _exporters(names: Sequence[str], otlp_protocol: str) -> list[SpanExporter]:
-    exporters: list[SpanExporter] = []
-    for name in names:
-        if name == "console":
-            # One JSON object per line on stderr, next to the JSON logs; stdout stays the CLI's output.
-            exporters.append(
-                ConsoleSpanExporter(out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")
-            )
-        elif name == "otlp":
-            if otlp_protocol != "http/protobuf":
-                log.warning("otlp_protocol_unsupported", protocol=otlp_protocol, using="http/protobuf")
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporters.append(OTLPSpanExporter())
-        elif name != "none":
-            log.warning("unknown_traces_exporter", exporter=name, known=["console", "otlp", "none"])
-    return exporters
 
 
 def configure_tracing(
@@ -117,34 +61,37 @@ def configure_tracing(
     if _provider is not None:
         return _provider
     config = observability if observability is not None else ObservabilitySettings()
-    if exporter is not None:
-        exporters = [exporter]
-    else:
-        exporters = _exporters(config.trace_exporters, config.otlp_protocol)
-        if not exporters:
-            return None
-    resource = Resource.create({SERVICE_NAME: config.service_name or service_name})
-    sampler = None if config.sampler_configured else QuietSampler()
-    provider = create_tracer_provider(sampler=sampler, resource=resource)
-    for each in exporters:
-        provider.add_span_processor(SimpleSpanProcessor(each) if exporter is not None else BatchSpanProcessor(each))
+    if exporter is None and not config.trace_exporters:
+        return None  # the SDK is not even imported
+    from durable_agents._tracing import build_provider
+
+    built = build_provider(service_name, config, exporter)
+    if built is None:
+        return None
+    provider, exporters = built
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:
         log.warning("tracer_provider_already_set", hint="another component installed a global tracer provider")
         provider.shutdown()
         return None
     _provider = provider
-    log.debug("tracing_configured", service=service_name, exporters=[type(e).__name__ for e in exporters])
+    log.debug("tracing_configured", service=service_name, exporters=exporters)
     return provider
 
 
 def tracing_enabled() -> bool:
-    return isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider)
+    """Whether the global tracer provider is Temporal's replay-safe one (this module's, or the application's)."""
+    contrib = sys.modules.get("temporalio.contrib.opentelemetry")  # no such provider without the module
+    return contrib is not None and isinstance(trace.get_tracer_provider(), contrib.ReplaySafeTracerProvider)
 
 
 def temporal_plugins() -> list[SimplePlugin]:
     """Temporal's OpenTelemetry plugin when tracing is on (the worker inherits it from the client)."""
-    return [OpenTelemetryPlugin(add_temporal_spans=True)] if tracing_enabled() else []
+    if not tracing_enabled():
+        return []
+    from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
+
+    return [OpenTelemetryPlugin(add_temporal_spans=True)]
 
 
 def shutdown_tracing() -> None:

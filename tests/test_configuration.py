@@ -56,6 +56,8 @@ def test_bad_variables_name_themselves() -> None:
         ({"AGENT_MAX_CONCURRENT_WORKFLOW_TASKS": "many"}, "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS"),
         ({"AGENT_HEALTH_PORT": "70000"}, "AGENT_HEALTH_PORT"),
         ({"AGENT_REQUIRE_SHARED_STORE": "maybe"}, "AGENT_REQUIRE_SHARED_STORE"),
+        ({"AGENT_HEAP_TRIM_INTERVAL_S": "-1"}, "AGENT_HEAP_TRIM_INTERVAL_S"),
+        ({"AGENT_HEAP_TRIM_INTERVAL_S": "often"}, "AGENT_HEAP_TRIM_INTERVAL_S"),
     ):
         with pytest.raises(ConfigurationError, match=variable):
             Settings.from_env(env)
@@ -90,6 +92,7 @@ def test_worker_tuning_defaults_come_from_the_benchmarks_and_variables_override_
             "AGENT_MAX_CONCURRENT_WORKFLOW_TASKS": "4",
             "AGENT_HEALTH_PORT": "8081",
             "AGENT_REQUIRE_SHARED_STORE": "1",
+            "AGENT_HEAP_TRIM_INTERVAL_S": "0",
         }
     ).worker
     assert tuned.options() == {
@@ -100,6 +103,7 @@ def test_worker_tuning_defaults_come_from_the_benchmarks_and_variables_override_
         "max_heartbeat_throttle_interval": timedelta(seconds=1),
     }
     assert tuned.health_port == 8081 and tuned.require_shared_store
+    assert tuned.heap_trim_interval_s == 0 and Settings.from_env({}).worker.heap_trim_interval_s == 10
 
 
 def test_a_shared_store_is_required_only_when_asked() -> None:

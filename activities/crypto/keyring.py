@@ -23,9 +23,12 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+if TYPE_CHECKING:
+    # Imported where a ring is built or opens a ciphertext: cryptography's Rust extension is ~6 MB of a
+    # worker's memory, and a worker without encryption configured never builds a ring.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -56,6 +59,8 @@ class KeyRing:
     def __init__(self, keys: list[tuple[str, bytes]]) -> None:
         if not keys:
             raise ValueError("a key ring needs at least one key")
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._keys: dict[str, _Key] = {}
         for key_id, material in keys:
             if key_id in self._keys:
@@ -157,6 +162,8 @@ class KeyRing:
             raise UnknownKey(f"encrypted with key {key_id!r}, which is not in the key ring ({', '.join(self.ids)})")
         if len(sealed) < NONCE_BYTES + TAG_BYTES:
             raise KeyRingError(f"a ciphertext of key {key_id!r} is too short ({len(sealed)} bytes)")
+        from cryptography.exceptions import InvalidTag
+
         try:
             return key.aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], _aad(context, key_id))
         except InvalidTag:

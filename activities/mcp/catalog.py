@@ -15,7 +15,6 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import structlog
 from pydantic import BaseModel, Field
 
@@ -246,6 +245,8 @@ def validate_call(raw: RecordedToolCall, tool: McpToolDef) -> ToolCall:
 
 def schema_problem(arguments: dict[str, Any], schema: dict[str, Any]) -> str:
     """Why ``arguments`` do not satisfy ``schema`` ("" when they do, or when the server's schema is itself invalid)."""
+    import jsonschema  # by the workers with MCP servers configured, not by every worker
+
     try:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)

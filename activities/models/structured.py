@@ -14,10 +14,6 @@ import json
 import re
 from typing import Any
 
-from jsonschema import Draft202012Validator, SchemaError
-from referencing import Registry
-from referencing.exceptions import Unresolvable
-
 from workflows.typed_output import MAX_OUTPUT_ERROR_CHARS, MAX_OUTPUT_ERRORS
 from workflows.types import Message
 
@@ -37,6 +33,9 @@ def takes_output_schema(method: object) -> bool:
 
 def schema_problem(schema: dict[str, Any]) -> str:
     """Why ``schema`` is not a usable JSON Schema (draft 2020-12), or "" when it is."""
+    # jsonschema is imported by the runs that ask for typed output, not by every worker (~2 MB).
+    from jsonschema import Draft202012Validator, SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -94,6 +93,10 @@ def check_output(text: str, schema: dict[str, Any]) -> tuple[Any, list[str]]:
         value = json.loads(body)
     except ValueError as exc:
         return None, [f"the answer is not JSON: {_short(str(exc))}"]
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+
     validator = Draft202012Validator(schema, registry=Registry())
     try:
         found = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.message))

@@ -141,7 +141,8 @@ class ExtensionSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How ``worker.py`` runs its worker: ``AGENT_MAX_*``, ``AGENT_HEALTH_PORT``, ``AGENT_REQUIRE_SHARED_STORE``."""
+    """How ``worker.py`` runs its worker: ``AGENT_MAX_*``, ``AGENT_HEALTH_PORT``, ``AGENT_REQUIRE_SHARED_STORE``,
+    ``AGENT_HEAP_TRIM_INTERVAL_S``."""
 
     # From bench/scale waiting (10,000 runs parked on approvals, one worker): a cached run costs ~170-190 KB
     # of RSS, so the SDK's 1000 put the worker at 307 MB; 500 holds it at 235 MB, and 500 approvals at once
@@ -152,6 +153,8 @@ class WorkerSettings:
     max_concurrent_workflow_tasks: int = 100  # AGENT_MAX_CONCURRENT_WORKFLOW_TASKS (at least 2 with a cache)
     health_port: int | None = None  # AGENT_HEALTH_PORT: /healthz and /readyz on 0.0.0.0:N
     require_shared_store: bool = False  # AGENT_REQUIRE_SHARED_STORE: refuse a SQLite run store
+    # AGENT_HEAP_TRIM_INTERVAL_S: how often worker.py looks for freed heap to give back (durable_agents.heap); 0: never
+    heap_trim_interval_s: float = 10.0
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments of ``temporalio.worker.Worker`` for these settings."""

@@ -145,6 +145,7 @@ def worker_settings(reader: Reader) -> WorkerSettings:
         ),
         health_port=port,
         require_shared_store=flag in _TRUE,
+        heap_trim_interval_s=reader.number("AGENT_HEAP_TRIM_INTERVAL_S", default.heap_trim_interval_s),
     )
 
 
