@@ -194,6 +194,19 @@ async def test_started_counts_executions_of_the_owner_only(store: RunStore) -> N
     assert entry.executions == 2
 
 
+async def test_a_fresh_claim_can_count_its_start_in_the_same_write(store: RunStore) -> None:
+    starting = req(owner="a", lease_s=0.0).model_copy(update={"start_if_fresh": True})
+    fresh = await store.claim(starting)
+    assert (fresh.status, fresh.entry.executions) == ("fresh", 1)
+    # Only a fresh claim counts: a recovered one leaves the count to ``started`` (recovery may not run it).
+    recovered = await store.claim(starting.model_copy(update={"owner": "b", "attempt": 2}))
+    assert (recovered.status, recovered.entry.executions) == ("recovered", 1)
+    forced = await store.claim(starting.model_copy(update={"owner": "c", "attempt": 3, "force": True}))
+    assert (forced.status, forced.entry.executions) == ("fresh", 2)
+    [entry] = await store.ledger()
+    assert (entry.owner, entry.executions) == ("c", 2)
+
+
 async def test_ledger_lists_in_claim_order_and_by_workflow(store: RunStore) -> None:
     for key in ("z", "a", "m"):
         await store.claim(req(key=key))

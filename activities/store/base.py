@@ -162,7 +162,10 @@ class RunStore(Protocol):
         ...
 
     async def claim(self, request: ClaimRequest) -> Claim:
-        """Atomically record intent for ``request.key`` or report who holds it (see ``Claim``)."""
+        """Atomically record intent for ``request.key`` or report who holds it (see ``Claim``).
+
+        With ``request.start_if_fresh``, a ``fresh`` claim also counts one started execution (as ``started``).
+        """
         ...
 
     async def started(self, key: str, owner: str) -> bool:

@@ -55,3 +55,6 @@ class ClaimRequest(BaseModel):
     attempt: int
     lease_s: float
     force: bool = False  # a human chose "retry": take the key whatever its state
+    # A ``fresh`` claim also counts the execution as started, in the same write: nothing happens between
+    # a fresh claim and the side effect, so ``started`` would be a second round trip for the same fact.
+    start_if_fresh: bool = False

@@ -333,11 +333,12 @@ class PostgresRunStore(PostgresErasure):
     async def claim(self, request: ClaimRequest) -> Claim:
         r = request
         async with self._conn() as conn, conn.transaction():
+            started = int(r.start_if_fresh)
             cur = await conn.execute(
-                "INSERT INTO ledger (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until)"
-                " VALUES (%s, %s, %s, %s, 'intent', %s, %s, %s)"
+                "INSERT INTO ledger (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions)"
+                " VALUES (%s, %s, %s, %s, 'intent', %s, %s, %s, %s)"
                 f" ON CONFLICT (key) DO NOTHING RETURNING {_LEDGER_COLUMNS}",
-                (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, time.time() + r.lease_s),
+                (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, time.time() + r.lease_s, started),
             )
             row = await cur.fetchone()
             if row is not None:
@@ -359,9 +360,10 @@ class PostgresRunStore(PostgresErasure):
             else:
                 status = "recovered"
             cur = await conn.execute(
-                "UPDATE ledger SET state = 'intent', owner = %s, attempt = %s, lease_until = %s, updated_at = now()"
+                "UPDATE ledger SET state = 'intent', owner = %s, attempt = %s, lease_until = %s,"
+                " executions = executions + %s, updated_at = now()"
                 f" WHERE key = %s RETURNING {_LEDGER_COLUMNS}",
-                (r.owner, r.attempt, now + r.lease_s, r.key),
+                (r.owner, r.attempt, now + r.lease_s, started if status == "fresh" else 0, r.key),
             )
             row = await cur.fetchone()
         assert row is not None

@@ -246,11 +246,13 @@ class SQLiteRunStore(SQLiteErasure):
             try:
                 current = self._select(r.key)
                 status: ClaimStatus
+                started = int(r.start_if_fresh)
                 if current is None:
                     self._conn.execute(
-                        "INSERT INTO ledger (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until)"
-                        " VALUES (?, ?, ?, ?, 'intent', ?, ?, ?)",
-                        (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, now + r.lease_s),
+                        "INSERT INTO ledger"
+                        " (key, tool, args_hash, workflow_id, state, owner, attempt, lease_until, executions)"
+                        " VALUES (?, ?, ?, ?, 'intent', ?, ?, ?, ?)",
+                        (r.key, r.tool, r.args_hash, r.workflow_id, r.owner, r.attempt, now + r.lease_s, started),
                     )
                     status = "fresh"
                 elif r.force:
@@ -266,8 +268,8 @@ class SQLiteRunStore(SQLiteErasure):
                 if current is not None:
                     self._conn.execute(
                         "UPDATE ledger SET state = 'intent', owner = ?, attempt = ?, lease_until = ?,"
-                        " updated_at = CURRENT_TIMESTAMP WHERE key = ?",
-                        (r.owner, r.attempt, now + r.lease_s, r.key),
+                        " executions = executions + ?, updated_at = CURRENT_TIMESTAMP WHERE key = ?",
+                        (r.owner, r.attempt, now + r.lease_s, started if status == "fresh" else 0, r.key),
                     )
                 entry = self._select(r.key)
                 self._conn.execute("COMMIT")

@@ -122,6 +122,7 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
             attempt=info.attempt,
             lease_s=lease_s,
             force=inv.resolution == "retry",
+            start_if_fresh=True,
         )
     )
     entry = claim.entry
@@ -155,7 +156,7 @@ async def execute_once(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation, ru
             await store.finish(entry.key, owner, "unknown", "", False, note=note)
             return Execution(f"outcome unknown: {note}", True, unknown=True)
 
-    if not await store.started(inv.idempotency_key, owner):
+    if claim.status != "fresh" and not await store.started(inv.idempotency_key, owner):
         # Another holder claimed the key since our claim (our lease ran out): it decides, not us.
         raise ApplicationError(
             f"{spec.name} call {inv.idempotency_key} was claimed by another holder before it started",
