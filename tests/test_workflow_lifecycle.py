@@ -344,6 +344,50 @@ async def test_a_read_only_tools_retry_returns_the_entry_its_earlier_attempt_sto
     assert stored is not None and stored.message.content == "run 1"
 
 
+async def test_a_ledgered_tools_retry_returns_its_recorded_outcome_without_a_lookup(runtime: Runtime) -> None:
+    """A tool with effects outside the sandbox asks the ledger, not the transcript, whether it ran: its retry
+    gets the recorded outcome from the claim and the earlier entry from the first-writer-wins put, the
+    effect runs once, and no attempt reads the transcript position first."""
+    calls: list[int] = []
+
+    @tool("charged", description="Charges once.", args=_Counted, side_effect=True)
+    async def charged(args: _Counted, ctx: ToolContext) -> str:
+        calls.append(1)
+        return f"charge {len(calls)}"
+
+    spec: ToolSpec = getattr(charged, SPEC_ATTRIBUTE)
+    assert spec.ledgered and not spec.uses_sandbox
+    invocation = ToolInvocation(
+        conversation_id=f"conv-fx-{uuid.uuid4().hex[:8]}",
+        workflow_id="wf-fx",
+        step=1,
+        call_id="call_1",
+        call_index=0,
+        seq=3,
+        tool="charged",
+        arguments={},
+        idempotency_key=f"ik_fx_{uuid.uuid4().hex[:8]}",
+    )
+    lookups: list[tuple[str, int]] = []
+    original = runtime.store.get_message
+
+    async def counting_get(conversation_id: str, seq: int) -> Any:
+        lookups.append((conversation_id, seq))
+        return await original(conversation_id, seq)
+
+    runtime.store.get_message = counting_get  # type: ignore[method-assign]
+    env = ActivityEnvironment()
+    try:
+        first = await env.run(run_invocation, spec, runtime, invocation)
+        second = await env.run(run_invocation, spec, runtime, invocation)
+    finally:
+        del runtime.store.get_message
+    assert calls == [1] and first.ok and first.preview == "charge 1" and second == first
+    assert lookups == []
+    entries = [e for e in await runtime.store.ledger("wf-fx") if e.key == invocation.idempotency_key]
+    assert [(e.state, e.executions) for e in entries] == [("done", 1)]
+
+
 async def test_tool_result_stored_by_an_earlier_attempt_is_reused(runtime: Runtime) -> None:
     require_bwrap()
     (write_file,) = [fn for fn in tool_activities(runtime) if fn.__name__ == "tool_write_file"]

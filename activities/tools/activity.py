@@ -87,10 +87,12 @@ async def run_invocation(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) 
 
 async def _run_tool(spec: ToolSpec, runtime: Runtime, inv: ToolInvocation) -> ToolOutcome:
     store = runtime.store
-    # A read-only tool outside the sandbox is cheaper to run again than to look for first: its result is
-    # put first-writer-wins, so a retry (or a reset run) whose position an earlier attempt wrote returns
-    # that entry all the same. Tools with effects, in the sandbox, or resolved by a human look first.
-    if spec.ledgered or spec.uses_sandbox or inv.resolution:
+    # Outside the sandbox, the position is not looked up first: a read-only tool is cheaper to run again,
+    # and a tool with effects asks the ledger, whose claim returns an earlier execution's outcome without
+    # running it again. Either way the result is put first-writer-wins, so a retry (or a reset run) whose
+    # position an earlier attempt wrote returns that entry. A sandbox tool (its workspace checkpoint is in
+    # the entry's meta) and a call a human resolved look first.
+    if spec.uses_sandbox or inv.resolution:
         done = await store.get_message(inv.conversation_id, inv.seq)
         if done is not None:
             # With the workspace checkpoint it left: a reset run that reuses it restores that workspace next.
