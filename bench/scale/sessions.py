@@ -27,7 +27,7 @@ from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
 
 from activities.settings import WorkerSettings
 from bench.scale.common import dev_server, histories, history_stats, machine, median, pct, queue
-from bench.scale.waiting import rss_kb
+from bench.scale.waiting import cpu_s, rss_kb
 from durable_agents.search_attributes import ensure_search_attributes
 from durable_agents.testing._llm_server import FakeLLMServer, Scripted
 from durable_agents.testing._worker_proc import WorkerProc, worker_env
@@ -72,14 +72,6 @@ class ModelClock:
     def count(self, key: str) -> int:
         with self._lock:
             return len(self.arrivals.get(key, []))
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (/proc/<pid>/stat): a figure the shared machine's load
-    stretches less than wall time."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _count_idle(client: Client, task_queue: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import sys
 import tempfile
@@ -36,6 +37,14 @@ def rss_kb(pid: int) -> dict[str, int]:
             if key in ("VmRSS", "VmHWM"):
                 found[key] = int(value.split()[0])
     return found
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (/proc/<pid>/stat): a figure the shared machine's load
+    stretches less than wall time."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _count_waiting(client: Client, task_queue: str) -> int:
@@ -168,7 +177,7 @@ async def _drive(
         answered[wid] = time.time()
 
     log = state / EFFECTS_LOG
-    burst = time.time()
+    burst, burst_cpu0 = time.time(), cpu_s(proc.pid)
     await asyncio.gather(*(approve(wid) for wid in chosen))
     deadline = time.monotonic() + args.approve_timeout
     started: dict[str, float] = {}
@@ -178,6 +187,8 @@ async def _drive(
         if len(started) >= len(chosen):
             break
         await asyncio.sleep(0.2)
+    # Until the last effect started: what the worker spent on the decisions, their replays and what ran with them.
+    burst_cpu = cpu_s(proc.pid) - burst_cpu0
     after = rss_kb(proc.pid)
     to_start = [started[w] - sent[w] for w in chosen if w in started]
     update_rtt = [answered[w] - sent[w] for w in chosen]
@@ -210,6 +221,8 @@ async def _drive(
                 "max": round(max(to_start, default=0), 3),
             },
             "update_round_trip_s": {"p50": round(pct(update_rtt, 0.5), 3), "p95": round(pct(update_rtt, 0.95), 3)},
+            "worker_cpu_s": round(burst_cpu, 2),
+            "worker_cpu_ms_per_decision": round(1000 * burst_cpu / max(len(chosen), 1), 2),
         },
         "parking": samples,
     }
@@ -218,7 +231,10 @@ async def _drive(
         f"{system}: parked {waiting}/{args.runs} in {park_s:.0f} s; RSS {parked['VmRSS'] / 1024:.0f} MB "
         f"(baseline {baseline['VmRSS'] / 1024:.0f}); history per waiting run {median(proto):,.0f} B proto"
     )
-    print(f"{system}: {len(to_start)}/{len(chosen)} started after approval: p50 {a['p50']} s, p95 {a['p95']} s")
+    print(
+        f"{system}: {len(to_start)}/{len(chosen)} started after approval: p50 {a['p50']} s, p95 {a['p95']} s; "
+        f"worker CPU {burst_cpu:.1f} s"
+    )
     return row
 
 
@@ -268,6 +284,11 @@ def _ratios(ours: dict[str, Any], floor: dict[str, Any]) -> dict[str, float]:
         "history_events": round(
             ours["history_per_waiting_run"]["events_median"]
             / max(floor["history_per_waiting_run"]["events_median"], 1),
+            2,
+        ),
+        "worker_cpu_per_decision": round(
+            ours["approvals"]["worker_cpu_ms_per_decision"]
+            / max(floor["approvals"]["worker_cpu_ms_per_decision"], 0.01),
             2,
         ),
     }
