@@ -19,13 +19,15 @@ from activities.mcp.pool import McpUnavailable
 from activities.models.base import FatalProviderError
 from activities.models.structured import schema_problem
 from activities.runtime import Runtime
+from activities.sessions import open_session
 from activities.store_errors import store_guarded
 from activities.subagents import load as load_definitions
 from activities.subagents import resolve, slim
 from activities.subagents import store as store_definitions
 from activities.tenant_quota import reserve as reserve_tenant_run
 from activities.tools.registry import RESERVED_NAMES
-from workflows.types import RunConfig, RunConfigRequest, SubagentDef
+from workflows.session_types import SessionOpenRequest, SessionOpenResult
+from workflows.types import DEFAULT_SYSTEM_PROMPT, RunConfig, RunConfigRequest, SubagentDef
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,14 @@ class RunConfigActivities:
             ref = await store_definitions(self._rt.store, subagents)
         output_schema_ref = await self._output_schema(req.output_schema, own)
         settings = self._rt.settings
+        own_prompt = own.system_prompt if own is not None else ""
+        session = await self._open_session(req.session, own_prompt) if req.session is not None else None
         # Last: a run refused for its inputs above never takes one of its tenant's places.
         tenant_slot = req.open_run and await reserve_tenant_run(self._rt, req.tenant, activity.info().workflow_id or "")
         return RunConfig(
             subagents=slim(subagents),
             subagents_ref=ref,
-            system_prompt=own.system_prompt if own is not None else "",
+            system_prompt=own_prompt,
             model=model,
             tools=tools,
             policy=self._rt.policy,
@@ -112,7 +116,17 @@ class RunConfigActivities:
             fail_workflow_on_error=settings.fail_workflow_on_error,
             tenant_slot=tenant_slot,
             output_schema_ref=output_schema_ref,
+            session=session,
         )
+
+    async def _open_session(self, req: SessionOpenRequest, own_prompt: str) -> SessionOpenResult:
+        """The session's conversation, made (with the run's system prompt at position 0) or found; a refusal
+        names the session, as ``session_open``'s did."""
+        prompt = req.system_prompt or own_prompt or DEFAULT_SYSTEM_PROMPT
+        try:
+            return await open_session(self._rt, req.model_copy(update={"system_prompt": prompt}))
+        except ApplicationError as exc:
+            raise ApplicationError(f"session: {exc.message}", type=exc.type, non_retryable=exc.non_retryable) from None
 
     async def _output_schema(self, requested: dict[str, Any] | None, own: SubagentDef | None) -> str:
         """The digest of the run's output schema in the run store ("" for none); a bad schema refuses the run.

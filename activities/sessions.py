@@ -36,64 +36,76 @@ class SessionActivities:
     @activity.defn(name="session_open")
     @store_guarded
     async def session_open(self, req: SessionOpenRequest) -> SessionOpenResult:
-        store = self._rt.store
-        run_id = activity.info().workflow_run_id or ""
-        first = await store.get_message(req.conversation_id, 0)
-        if first is None:
-            meta: dict[str, object] = {"run": run_id, TENANT_META: req.tenant, USER_META: req.user, "session": True}
-            stored = await store.put_message(
-                req.conversation_id, 0, Message(role="system", content=req.system_prompt), meta
-            )
-            if stored.meta.get("run") == run_id:  # ours (an earlier attempt of this run's, or this one)
-                return SessionOpenResult(fresh=True, transcript_len=1)
-            first = stored
-        # A conversation a session made names its tenant; one a fork copied from a run was checked by the fork.
-        owner = str(first.meta.get(TENANT_META, ""))
-        if first.meta.get("session") and owner != req.tenant:
-            mine = f"tenant {quote(req.tenant)}" if req.tenant else "no tenant"
-            raise ApplicationError(
-                f"session conversation {quote(req.conversation_id)} belongs to another tenant than this run's ({mine})",
-                type="InvalidInput",
-                non_retryable=True,
-            )
-        if first.meta.get("session") and str(first.meta.get(USER_META, "")) != req.user:
-            mine = f"user {quote(req.user)}" if req.user else "no user"
-            raise ApplicationError(
-                f"session conversation {quote(req.conversation_id)} belongs to another user than this run's ({mine})",
-                type="InvalidInput",
-                non_retryable=True,
-            )
-        transcript = await store.transcript(req.conversation_id, limit=MAX_SESSION_ENTRIES)
-        closed = await self._close_open_calls(req.conversation_id, transcript)
-        transcript += closed
-        result = _standing(transcript)
-        result.closed_calls = len(closed)
-        log.info(
-            "session_reopened",
-            conversation=req.conversation_id,
-            entries=result.transcript_len,
-            steps=result.steps,
-            messages=result.messages,
-            closed_calls=result.closed_calls,
-        )
-        return result
+        """The runs of a session recorded before ``run_config`` opened sessions schedule this (replay)."""
+        return await open_session(self._rt, req)
 
-    async def _close_open_calls(self, conversation_id: str, transcript: list[StoredMessage]) -> list[StoredMessage]:
-        """Error results for the last turn's tool calls that have none (stored at their positions)."""
-        turns = [i for i, entry in enumerate(transcript) if entry.message.role == "assistant"]
-        if not turns:
-            return []
-        last = turns[-1]
-        calls = transcript[last].message.tool_calls
-        written: list[StoredMessage] = []
-        for index, call in enumerate(calls):
-            seq = last + 1 + index
-            if seq < len(transcript):
-                continue
-            text = f"Error: the session's earlier run ended before {call.name} finished; its outcome is unknown."
-            message = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=True)
-            written.append(await self._rt.store.put_message(conversation_id, seq, message, {"closed": True}))
-        return written
+
+async def open_session(runtime: Runtime, req: SessionOpenRequest) -> SessionOpenResult:
+    """Make or find the session's conversation (``run_config`` does, for a new run of a session).
+
+    Refuses (``InvalidInput``) a conversation that another tenant's or user's session made.
+    """
+    store = runtime.store
+    run_id = activity.info().workflow_run_id or ""
+    first = await store.get_message(req.conversation_id, 0)
+    if first is None:
+        meta: dict[str, object] = {"run": run_id, TENANT_META: req.tenant, USER_META: req.user, "session": True}
+        stored = await store.put_message(
+            req.conversation_id, 0, Message(role="system", content=req.system_prompt), meta
+        )
+        if stored.meta.get("run") == run_id:  # ours (an earlier attempt of this run's, or this one)
+            return SessionOpenResult(fresh=True, transcript_len=1)
+        first = stored
+    # A conversation a session made names its tenant; one a fork copied from a run was checked by the fork.
+    owner = str(first.meta.get(TENANT_META, ""))
+    if first.meta.get("session") and owner != req.tenant:
+        mine = f"tenant {quote(req.tenant)}" if req.tenant else "no tenant"
+        raise ApplicationError(
+            f"session conversation {quote(req.conversation_id)} belongs to another tenant than this run's ({mine})",
+            type="InvalidInput",
+            non_retryable=True,
+        )
+    if first.meta.get("session") and str(first.meta.get(USER_META, "")) != req.user:
+        mine = f"user {quote(req.user)}" if req.user else "no user"
+        raise ApplicationError(
+            f"session conversation {quote(req.conversation_id)} belongs to another user than this run's ({mine})",
+            type="InvalidInput",
+            non_retryable=True,
+        )
+    transcript = await store.transcript(req.conversation_id, limit=MAX_SESSION_ENTRIES)
+    closed = await _close_open_calls(runtime, req.conversation_id, transcript)
+    transcript += closed
+    result = _standing(transcript)
+    result.closed_calls = len(closed)
+    log.info(
+        "session_reopened",
+        conversation=req.conversation_id,
+        entries=result.transcript_len,
+        steps=result.steps,
+        messages=result.messages,
+        closed_calls=result.closed_calls,
+    )
+    return result
+
+
+async def _close_open_calls(
+    runtime: Runtime, conversation_id: str, transcript: list[StoredMessage]
+) -> list[StoredMessage]:
+    """Error results for the last turn's tool calls that have none (stored at their positions)."""
+    turns = [i for i, entry in enumerate(transcript) if entry.message.role == "assistant"]
+    if not turns:
+        return []
+    last = turns[-1]
+    calls = transcript[last].message.tool_calls
+    written: list[StoredMessage] = []
+    for index, call in enumerate(calls):
+        seq = last + 1 + index
+        if seq < len(transcript):
+            continue
+        text = f"Error: the session's earlier run ended before {call.name} finished; its outcome is unknown."
+        message = Message(role="tool", content=text, tool_call_id=call.id, name=call.name, is_error=True)
+        written.append(await runtime.store.put_message(conversation_id, seq, message, {"closed": True}))
+    return written
 
 
 def _standing(transcript: list[StoredMessage]) -> SessionOpenResult:

@@ -176,7 +176,11 @@ async def eval_scenario(client: Client, tq: str, llm: FakeLLMServer, sink: HttpS
 
 # Scenarios recorded on a server that suggests continue-as-new after this many events.
 CAN_AFTER_EVENTS = 90  # message 3 is answered by event 75 or so
-SUGGEST_CONTINUE_AS_NEW = {"session": CAN_AFTER_EVENTS, "session_continued": CAN_AFTER_EVENTS}
+SUGGEST_CONTINUE_AS_NEW = {
+    "session": CAN_AFTER_EVENTS,
+    "session_continued": CAN_AFTER_EVENTS,
+    "session_opened_by_run_config": CAN_AFTER_EVENTS,
+}
 
 
 async def _session(client: Client, tq: str, llm: FakeLLMServer, wid: str) -> tuple[str, str]:
@@ -255,6 +259,9 @@ RECORDED: dict[str, Scenario] = {
     "approvals_one_start_marker": approvals,
     "session": session,
     "session_continued": session_continued,
+    # "session" again with one start marker of run-start-v3: run_config opens the session (no session_open);
+    # "session" keeps the run from before it.
+    "session_opened_by_run_config": session,
     "eval": eval_scenario,
 }
 

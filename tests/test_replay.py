@@ -32,7 +32,7 @@ from workflows.eval import EvalWorkflow
 from workflows.inputs import NO_PAYLOAD, one_payload
 from workflows.policy import STRICT_POLICY_PATCH
 from workflows.progress import SEARCH_ATTRIBUTES_PATCH
-from workflows.start_patch import RUN_START_PATCH
+from workflows.start_patch import RUN_START_PATCH, RUN_START_V2
 from workflows.types import AgentInput, AgentResult, Carry, ModelTurn
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -164,11 +164,14 @@ async def test_a_new_run_records_one_start_marker_for_its_start_patches(
     [
         ("approvals", []),
         ("humans", [STRICT_POLICY_PATCH, SEARCH_ATTRIBUTES_PATCH]),
-        ("approvals_one_start_marker", [RUN_START_PATCH]),
+        ("approvals_one_start_marker", [RUN_START_V2]),
+        ("session_opened_by_run_config", [RUN_START_PATCH]),
     ],
 )
 def test_recorded_histories_hold_each_generation_of_start_markers(path: str, expected: list[str]) -> None:
-    """The replay above covers runs from before either start patch, with each its own marker, and with the one."""
+    """The replay above covers runs from before either start patch, with each its own marker, and with each
+    generation of the one (v2: a session opened by ``session_open``; v3: by ``run_config``)."""
     events = load(Path(__file__).parent / "histories" / f"{path}.json").events
     patches = _patch_ids(events)
-    assert patches[: len(expected)] == expected and (expected or RUN_START_PATCH not in patches), patches
+    one_marker = {RUN_START_PATCH, RUN_START_V2}
+    assert patches[: len(expected)] == expected and (expected or not one_marker & set(patches)), patches

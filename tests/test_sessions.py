@@ -271,6 +271,43 @@ async def test_close_ends_the_session_with_its_last_reply(
     assert result.status == "completed" and result.output == "the only reply"
 
 
+async def test_run_config_opens_the_session_in_the_runs_first_workflow_task(
+    dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
+) -> None:
+    """A new run of a session makes (and a woken one finds) its conversation in the ``run_config`` local
+    activity: no ``session_open`` activity (and the workflow task after it) before its first model turn."""
+    llm.enqueue(Scripted(text="first reply"), Scripted(text="second reply"))
+    async with run_worker(dev_env.client, runtime) as tq:
+        handle = await start_session(dev_env, tq, task="hello", system_prompt="be brief")
+        await replied(handle, 1)
+        await handle.signal("close")
+        assert (await handle.result()).output == "first reply"
+        woken = await dev_env.client.start_workflow(
+            AgentWorkflow.run,
+            AgentInput(session=SessionSpec(), task="again"),
+            id=handle.id,
+            task_queue=tq,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        )
+        assert (await replied(woken, 2)).output == "second reply"
+        for run in (handle, woken):
+            events = (await run.fetch_history()).events
+            scheduled = [
+                e.activity_task_scheduled_event_attributes.activity_type.name
+                for e in events
+                if e.HasField("activity_task_scheduled_event_attributes")
+            ]
+            assert scheduled[0] == "model" and "session_open" not in scheduled, scheduled
+    stored = await runtime.store.transcript(f"{handle.id}/session")
+    assert [(e.message.role, e.message.content) for e in stored] == [
+        ("system", "be brief"),
+        ("user", "hello"),
+        ("assistant", "first reply"),
+        ("user", "again"),
+        ("assistant", "second reply"),
+    ]
+
+
 async def test_send_wakes_an_ended_session_on_its_conversation(
     dev_env: WorkflowEnvironment, runtime: Runtime, run_worker: WorkerFactory, llm: FakeLLMServer
 ) -> None:

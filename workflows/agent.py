@@ -48,11 +48,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.run_failure import FAILING_STATUSES, run_failed_error
     from workflows.session import SessionBook, SessionHandlers
     from workflows.session_types import SessionCarry, SessionMessage, SessionOpenRequest, SessionOpenResult
-    from workflows.start_patch import start_patched
+    from workflows.start_patch import session_opened_by_run_config, start_patched
     from workflows.tool_calls import ToolCallRunner
     from workflows.trust import Lineage, input_problem
     from workflows.typed_output import failure_text, retry_instruction
     from workflows.types import (
+        DEFAULT_SYSTEM_PROMPT,
         MAX_APPROVAL_TIMEOUT_S,
         TENANT_QUOTA_EXCEEDED,
         AgentInput,
@@ -100,10 +101,6 @@ MODEL_RETRY = RetryPolicy(
 CLEANUP_STEPS_PATCH = "cleanup-steps-independent-v1"
 TENANT_SLOT_PATCH = "tenant-open-runs-v1"
 BUDGET_EXHAUSTED = "BudgetExhausted"  # the model activity's refusal: the tree of runs spent its budget
-DEFAULT_SYSTEM_PROMPT = (
-    "You are an agent running inside a durable runtime. Use the tools to do the task; "
-    "code runs in an isolated sandbox with no network. When you are done, answer without calling tools."
-)
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -162,6 +159,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         self._sessions = SessionBook(spec, carry.session if carry and carry.session else SessionCarry())
         self._model_call: asyncio.Task[Any] | None = None
         self._interrupting = False
+        self._session_in_config = False  # decided in ``run``'s first activation (``session_opened_by_run_config``)
 
     # --- public read side ----------------------------------------------------------
 
@@ -227,6 +225,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         # later, a query or stream poll arriving first can split a marker from its command across workflow
         # tasks. Recorded runs made their markers in this order; a new run makes only the first.
         start_patched(SEARCH_ATTRIBUTES_PATCH)
+        self._session_in_config = inp.session is not None and inp.carry is None and session_opened_by_run_config()
         carry = inp.carry or await self._fresh_carry(inp)
         self._carry = carry
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
@@ -324,6 +323,13 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             else f"{info.workflow_id}/{info.first_execution_run_id}"
         )
         fork = await self._fork(inp, conversation_id) if inp.fork is not None else None
+        session = (
+            SessionOpenRequest(
+                conversation_id=conversation_id, tenant=inp.tenant, user=inp.user, system_prompt=inp.system_prompt
+            )
+            if self._session_in_config
+            else None
+        )
         try:
             config = await workflow.execute_local_activity(
                 "run_config",
@@ -339,6 +345,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                     tenant=inp.tenant,
                     open_run=info.parent is None,
                     output_schema=inp.output_schema,
+                    session=session,
                 ),
                 result_type=RunConfig,
                 start_to_close_timeout=HOUSEKEEPING_TIMEOUT,
@@ -356,7 +363,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             raise _invalid_input(safe(problem, MESSAGE_MAX)) from None
         system_prompt = inp.system_prompt or config.system_prompt or DEFAULT_SYSTEM_PROMPT
         opening = [Message(role="system", content=system_prompt), Message(role="user", content=inp.task)]
-        opened = await self._open_session(inp, conversation_id, system_prompt) if inp.session is not None else None
+        opened = config.session if session is not None else None
+        if inp.session is not None and opened is None:  # a run recorded before run_config opened sessions
+            opened = await self._open_session(inp, conversation_id, system_prompt)
         if opened is not None:  # the system prompt is stored (or was, by the session's earlier runs)
             opening = []
         self._start_notes = [safe(note, MESSAGE_MAX) for note in config.notes[:10]]

@@ -37,7 +37,7 @@ from workflows.human_types import Remember as Remember
 from workflows.human_types import RememberedApproval as RememberedApproval
 from workflows.human_types import bounded_arguments
 from workflows.known_keys import KnownKeys
-from workflows.session_types import SessionCarry, SessionSpec
+from workflows.session_types import SessionCarry, SessionOpenRequest, SessionOpenResult, SessionSpec
 from workflows.typed_output import MAX_OUTPUT_RETRIES, OutputSchema, schema_of
 
 # Bounds of what a run accepts from outside. Every number and string a caller sends is bounded, so
@@ -56,6 +56,11 @@ MAX_APPROVAL_ID_CHARS = 64
 MAX_NOTE_CHARS = 4000  # a decision's comment or reason
 MAX_SIGNATURE_CHARS = 256
 MAX_APPROVAL_TIMEOUT_S = 365 * 24 * 3600  # of any policy rule (a run's own policy or the operator's)
+# The system prompt of a run whose input and sub-agent definition give none.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent running inside a durable runtime. Use the tools to do the task; "
+    "code runs in an isolated sandbox with no network. When you are done, answer without calling tools."
+)
 MAX_CARRIED_EVENTS = 2_000  # progress events a continued run may be handed (it keeps STREAM_RETAIN)
 MAX_SUBAGENTS = 50
 MAX_DEPTH = 10  # of sub-agent delegation
@@ -604,6 +609,9 @@ class RunConfigRequest(BaseModel):
     # A top-level run (no parent workflow): counted among its tenant's open runs while it is open.
     open_run: bool = False
     output_schema: dict[str, Any] | None = None  # the run's own (a sub-agent's comes from its definition)
+    # A new run of a session: its conversation is made or found here too (``RunConfig.session``). Its
+    # ``system_prompt`` is the input's; empty, the sub-agent definition's or ``DEFAULT_SYSTEM_PROMPT`` is stored.
+    session: SessionOpenRequest | None = None
 
 
 class RunConfig(BaseModel):
@@ -627,6 +635,7 @@ class RunConfig(BaseModel):
     fail_workflow_on_error: bool = False  # AGENT_FAIL_WORKFLOW_ON_ERROR (see ``Carry``)
     tenant_slot: bool = False  # counted among its tenant's open runs (AGENT_TENANT_MAX_OPEN_RUNS): release at the end
     output_schema_ref: str = ""  # the run's output schema, checked and stored in the run store ("": none)
+    session: SessionOpenResult | None = None  # where the session's conversation stands (RunConfigRequest.session)
 
 
 class ModelRequest(BaseModel):
