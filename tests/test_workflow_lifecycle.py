@@ -314,6 +314,22 @@ class _Counted(BaseModel):
     pass
 
 
+def _third_position_call(tool_name: str, workflow_id: str) -> ToolInvocation:
+    """A call of ``tool_name`` without arguments whose result goes to position 3 of a fresh conversation."""
+    suffix = uuid.uuid4().hex[:8]
+    return ToolInvocation(
+        conversation_id=f"conv-{suffix}",
+        workflow_id=workflow_id,
+        step=1,
+        call_id="call_1",
+        call_index=0,
+        seq=3,
+        tool=tool_name,
+        arguments={},
+        idempotency_key=f"ik_{suffix}",
+    )
+
+
 async def test_a_read_only_tools_retry_returns_the_entry_its_earlier_attempt_stored(runtime: Runtime) -> None:
     """A read-only tool outside the sandbox is not looked up before it runs: its retry runs it again, and
     the store's first-writer-wins put still returns the earlier attempt's result, so the run sees one."""
@@ -325,17 +341,7 @@ async def test_a_read_only_tools_retry_returns_the_entry_its_earlier_attempt_sto
         return f"run {len(calls)}"
 
     spec: ToolSpec = getattr(counted, SPEC_ATTRIBUTE)
-    invocation = ToolInvocation(
-        conversation_id=f"conv-ro-{uuid.uuid4().hex[:8]}",
-        workflow_id="wf-ro",
-        step=1,
-        call_id="call_1",
-        call_index=0,
-        seq=3,
-        tool="counted",
-        arguments={},
-        idempotency_key="ik_ro",
-    )
+    invocation = _third_position_call("counted", "wf-ro")
     env = ActivityEnvironment()
     first = await env.run(run_invocation, spec, runtime, invocation)
     second = await env.run(run_invocation, spec, runtime, invocation)
@@ -357,17 +363,7 @@ async def test_a_ledgered_tools_retry_returns_its_recorded_outcome_without_a_loo
 
     spec: ToolSpec = getattr(charged, SPEC_ATTRIBUTE)
     assert spec.ledgered and not spec.uses_sandbox
-    invocation = ToolInvocation(
-        conversation_id=f"conv-fx-{uuid.uuid4().hex[:8]}",
-        workflow_id="wf-fx",
-        step=1,
-        call_id="call_1",
-        call_index=0,
-        seq=3,
-        tool="charged",
-        arguments={},
-        idempotency_key=f"ik_fx_{uuid.uuid4().hex[:8]}",
-    )
+    invocation = _third_position_call("charged", "wf-fx")
     lookups: list[tuple[str, int]] = []
     original = runtime.store.get_message
 
