@@ -159,7 +159,6 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         self._sessions = SessionBook(spec, carry.session if carry and carry.session else SessionCarry())
         self._model_call: asyncio.Task[Any] | None = None
         self._interrupting = False
-        self._session_in_config = False  # decided in ``run``'s first activation (``session_opened_by_run_config``)
 
     # --- public read side ----------------------------------------------------------
 
@@ -225,8 +224,9 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
         # later, a query or stream poll arriving first can split a marker from its command across workflow
         # tasks. Recorded runs made their markers in this order; a new run makes only the first.
         start_patched(SEARCH_ATTRIBUTES_PATCH)
-        self._session_in_config = inp.session is not None and inp.carry is None and session_opened_by_run_config()
-        carry = inp.carry or await self._fresh_carry(inp)
+        # Decided with the start patches, before any await: whether run_config opens a new run's session.
+        opens_session = inp.session is not None and session_opened_by_run_config()
+        carry = inp.carry or await self._fresh_carry(inp, opens_session)
         self._carry = carry
         self._step, self._usage, self._model = carry.step, carry.usage, carry.model
         self._children_usage = carry.children_usage
@@ -315,7 +315,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
                 lines.append(f"{label}: ran; compensation FAILED: {cause_text(err)}")
         return "\n".join(lines)
 
-    async def _fresh_carry(self, inp: AgentInput) -> Carry:
+    async def _fresh_carry(self, inp: AgentInput, opens_session: bool) -> Carry:
         info = workflow.info()
         conversation_id = (
             session_conversation_id(info.workflow_id)
@@ -327,7 +327,7 @@ class AgentWorkflow(ApprovalHandlers, SessionHandlers):
             SessionOpenRequest(
                 conversation_id=conversation_id, tenant=inp.tenant, user=inp.user, system_prompt=inp.system_prompt
             )
-            if self._session_in_config
+            if opens_session
             else None
         )
         try:
