@@ -17,7 +17,9 @@ Used by ``starter.py forget`` (:mod:`durable_agents.cli.forget`). The steps:
    with ``memory``, the tenant's (or user's) long-term memory entries, which are kept per namespace
    rather than per run.
 4. **Temporal**: ``DeleteWorkflowExecution`` for every closed run found. The server deletes
-   asynchronously: visibility may list a run for a few seconds after.
+   asynchronously, once its transfer queue's ack level has passed the run's close: a run may
+   still be described and listed for up to ``history.transferProcessorUpdateAckInterval``
+   after (30 s by default).
 
 A dry run does steps 1 and 3 as counts and deletes nothing. Running it again is safe: what is gone
 is not found again (a run the server is still deleting may be listed and its deletion asked for again;
