@@ -8,6 +8,7 @@ Temporal stored (WAL files included); the run store's files are read the same wa
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -75,8 +76,13 @@ def runtime_with(settings: Settings, keys: str | None) -> Runtime:
 
 
 def files_bytes(path: Path) -> bytes:
-    """A SQLite database and its -wal / -shm / -journal files."""
-    return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+    """A SQLite database and its -wal / -shm / -journal files (a live server's journal comes and goes with
+    each transaction: one deleted between the listing and the read held nothing the others don't)."""
+    chunks = []
+    for p in sorted(path.parent.glob(path.name + "*")):
+        with contextlib.suppress(FileNotFoundError):
+            chunks.append(p.read_bytes())
+    return b"".join(chunks)
 
 
 def payloads_of(message: ProtoMessage) -> Iterator[Payload]:

@@ -172,7 +172,7 @@ def test_the_readme_says_what_make_demo_does(dev_env: WorkflowEnvironment, tmp_p
     section = README.read_text(encoding="utf-8").split("## Two commands", 1)[1].split("\n## ", 1)[0]
     for claim in DEMO_STEPS:
         assert claim in section, f"the README no longer says: {claim!r}"
-    assert "scripts/demo.py" in section and "demo: venv bwrap server" in (ROOT / "Makefile").read_text()
+    assert "scripts/demo.py" in section and "demo: venv bytecode bwrap server" in (ROOT / "Makefile").read_text()
     env = {
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", str(tmp_path)),
