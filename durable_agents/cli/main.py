@@ -261,15 +261,21 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "starter.py") -> int:
     stdout (``| head``) ends it quietly: stdout goes to /dev/null, as the Python
     docs recommend, so nothing fails again when it is flushed at exit.
     """
+    runner = asyncio.Runner()
     try:
-        code = asyncio.run(main(argv, prog=prog))
+        code = runner.run(main(argv, prog=prog))
     except KeyboardInterrupt:
+        # The loop is left as it is, not closed: closing cancels every task left and waits for each to end,
+        # and one that is inside a call the SDK cannot cancel at once (or that takes its cancellation for
+        # an RPC error) would keep an interrupted command alive. The process leaves through os._exit next.
         note = interrupt_note()
         _say(f"interrupted{': ' + note if note else ''}")
-        code = EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
+        runner.close()
         _output_closed()
         return EXIT_OK
+    runner.close()
     try:
         sys.stdout.flush()
     except BrokenPipeError:
