@@ -56,22 +56,15 @@ async def open_session(runtime: Runtime, req: SessionOpenRequest) -> SessionOpen
         if stored.meta.get("run") == run_id:  # ours (an earlier attempt of this run's, or this one)
             return SessionOpenResult(fresh=True, transcript_len=1)
         first = stored
-    # A conversation a session made names its tenant; one a fork copied from a run was checked by the fork.
-    owner = str(first.meta.get(TENANT_META, ""))
-    if first.meta.get("session") and owner != req.tenant:
-        mine = f"tenant {quote(req.tenant)}" if req.tenant else "no tenant"
-        raise ApplicationError(
-            f"session conversation {quote(req.conversation_id)} belongs to another tenant than this run's ({mine})",
-            type="InvalidInput",
-            non_retryable=True,
-        )
-    if first.meta.get("session") and str(first.meta.get(USER_META, "")) != req.user:
-        mine = f"user {quote(req.user)}" if req.user else "no user"
-        raise ApplicationError(
-            f"session conversation {quote(req.conversation_id)} belongs to another user than this run's ({mine})",
-            type="InvalidInput",
-            non_retryable=True,
-        )
+    # A conversation a session made names its tenant and user; one a fork copied from a run was checked by the fork.
+    for key, ours, what in ((TENANT_META, req.tenant, "tenant"), (USER_META, req.user, "user")):
+        if first.meta.get("session") and str(first.meta.get(key, "")) != ours:
+            mine = f"{what} {quote(ours)}" if ours else f"no {what}"
+            raise ApplicationError(
+                f"session conversation {quote(req.conversation_id)} belongs to another {what} than this run's ({mine})",
+                type="InvalidInput",
+                non_retryable=True,
+            )
     transcript = await store.transcript(req.conversation_id, limit=MAX_SESSION_ENTRIES)
     closed = await _close_open_calls(runtime, req.conversation_id, transcript)
     transcript += closed
